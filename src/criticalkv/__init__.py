@@ -1,0 +1,23 @@
+"""criticalkv: KV-cache eviction by output perturbation (CriticalKV), with a physically
+compressed, head-varying cache for transformers."""
+
+from criticalkv.budgets.resolve import parse_budget, resolve_budget
+from criticalkv.cache import CaptureCache, CompressedCache, attach
+from criticalkv.methods import Method, available_methods, get_method, register
+from criticalkv.state import LayerState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CaptureCache",
+    "CompressedCache",
+    "LayerState",
+    "Method",
+    "__version__",
+    "attach",
+    "available_methods",
+    "get_method",
+    "parse_budget",
+    "register",
+    "resolve_budget",
+]

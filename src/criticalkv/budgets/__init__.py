@@ -1,0 +1,8 @@
+"""Budgets: how many entries each (batch row, KV head) keeps."""
+
+from criticalkv.budgets.adaptive import Adaptive
+from criticalkv.budgets.base import Allocator
+from criticalkv.budgets.resolve import resolve_budget, validate_budget
+from criticalkv.budgets.uniform import Uniform
+
+__all__ = ["Adaptive", "Allocator", "Uniform", "resolve_budget", "validate_budget"]

@@ -1,0 +1,196 @@
+"""The physically compressed, head-varying KV cache (a transformers ``Cache``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
+from criticalkv.cache.layer import CompressedLayer
+from criticalkv.methods import Method, get_method
+from criticalkv.state import LayerState
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 32
+
+
+def check_window(window: int) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer number of tokens, not {window!r}")
+    return window
+
+
+def state_from_prefill(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    module: nn.Module,
+    *,
+    window: int,
+    layer_idx: int,
+    num_layers: int,
+    num_queries: int | None = None,
+) -> LayerState:
+    """Build a :class:`LayerState` from the tensors the attention function sees in the prefill."""
+    lengths = valid.sum(-1)
+    shortest = int(lengths.min())
+    if shortest < window:
+        raise ValueError(
+            f"a prompt of {shortest} tokens is shorter than the observation window ({window} tokens); "
+            "use a longer context or a smaller window"
+        )
+    n_q = window if num_queries is None else max(window, num_queries)
+    n_q = min(n_q, query.shape[2])
+    return LayerState(
+        queries=query[:, :, -n_q:, :],
+        keys=keys,
+        values=values,
+        valid=valid,
+        module=module,
+        window=window,
+        layer_idx=layer_idx,
+        num_layers=num_layers,
+    )
+
+
+class CompressedCache(Cache):
+    """A KV cache whose prompt is compressed by ``method`` at ``budget``, physically.
+
+    Pass it to ``model.generate(..., past_key_values=cache)`` (or a forward call) on a model
+    prepared with :func:`criticalkv.attach`: the prefill runs with the full cache, then each
+    layer keeps only its selected entries, per KV head. Decoding attends over what was kept.
+
+    Parameters
+    ----------
+    num_layers : number of decoder layers of the model.
+    method : a registered name (see :func:`criticalkv.available_methods`) or a :class:`Method`.
+    budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
+    window : the observation window (its entries are always kept).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        method: str | Method = "critical-adakv",
+        budget: Budget = 0.2,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        self.method = get_method(method)
+        self.budget = validate_budget(budget)
+        self.window = check_window(window)
+        self.num_layers = num_layers
+        self.real_prompt_tokens: torch.Tensor | None = None
+        self._budget_tokens: torch.Tensor | None = None
+        layers = [CompressedLayer(i, on_prefill=self._compress_layer) for i in range(num_layers)]
+        super().__init__(layers=layers)  # type: ignore[arg-type]
+
+    @classmethod
+    def for_model(
+        cls, model: nn.Module, method: str | Method = "critical-adakv", budget: Budget = 0.2, **kwargs: Any
+    ) -> CompressedCache:
+        """A cache sized for ``model`` (its number of decoder layers)."""
+        return cls(model.config.num_hidden_layers, method, budget, **kwargs)
+
+    @classmethod
+    def from_states(
+        cls, states: Sequence[LayerState], method: str | Method, budget: Budget, window: int | None = None
+    ) -> CompressedCache:
+        """Compress captured prefill states (see :class:`CaptureCache`) without a new prefill."""
+        if not states:
+            raise ValueError("no layer states to compress")
+        cache = cls(len(states), method, budget, window=states[0].window if window is None else window)
+        for layer, state in zip(cache.compressed_layers, states, strict=True):
+            if state.window != cache.window:
+                state = LayerState(**{**state.__dict__, "window": cache.window})
+            cache._compress_state(layer, state)
+        return cache
+
+    @property
+    def compressed_layers(self) -> list[CompressedLayer]:
+        return self.layers  # type: ignore[return-value]
+
+    # --- compression -----------------------------------------------------------------------------
+    def _compress_layer(
+        self,
+        layer: CompressedLayer,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid: torch.Tensor,
+        module: Any,
+    ) -> None:
+        state = state_from_prefill(
+            query,
+            keys,
+            values,
+            valid,
+            module,
+            window=self.window,
+            layer_idx=layer.layer_idx,
+            num_layers=self.num_layers,
+        )
+        self._compress_state(layer, state)
+
+    def _compress_state(self, layer: CompressedLayer, state: LayerState) -> None:
+        if self._budget_tokens is None or self._budget_tokens.shape[0] != state.batch_size:
+            self.real_prompt_tokens = state.lengths
+            self._budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
+        keep = self.method.keep_mask(state, self._budget_tokens)
+        layer.set_prefix(state.keys, state.values, keep)
+
+    # --- reuse -----------------------------------------------------------------------------------
+    def fork(self) -> CompressedCache:
+        """A copy sharing the compressed prompt (read-only) with an empty tail.
+
+        Use it to ask several questions of one compressed context (question-agnostic mode).
+        """
+        clone = CompressedCache(self.num_layers, self.method, self.budget, self.window)
+        clone.real_prompt_tokens = self.real_prompt_tokens
+        clone._budget_tokens = self._budget_tokens
+        for mine, theirs in zip(self.compressed_layers, clone.compressed_layers, strict=True):
+            if mine.prefix is None:
+                raise ValueError("only a cache that already holds a compressed prompt can be forked")
+            theirs.prefix, theirs.keep, theirs.prefix_len = mine.prefix, mine.keep, mine.prefix_len
+            theirs.batch_size, theirs.num_kv_heads, theirs.head_dim = (
+                mine.batch_size,
+                mine.num_kv_heads,
+                mine.head_dim,
+            )
+            theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True
+        return clone
+
+    # --- accounting ------------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        """Bytes the cache's keys and values occupy now (tail capacity included)."""
+        return sum(layer.nbytes() for layer in self.compressed_layers)
+
+    def kv_bytes_full(self) -> int:
+        """Bytes an uncompressed cache would hold for the same real tokens."""
+        total = 0
+        for layer in self.compressed_layers:
+            if layer.prefix is None or self.real_prompt_tokens is None:
+                continue
+            per_token = 2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
+            tokens = int(self.real_prompt_tokens.sum()) + layer.batch_size * layer.tail_len
+            total += tokens * per_token
+        return total
+
+    def kept_entries(self) -> torch.Tensor:
+        """(L, B, H_kv) entries held per layer and head."""
+        return torch.stack([layer.kept_per_head() for layer in self.compressed_layers])
+
+    def keep_masks(self) -> list[torch.Tensor]:
+        """Per layer, the (B, H_kv, T) bool mask of kept prompt positions."""
+        masks = []
+        for layer in self.compressed_layers:
+            if layer.keep is None:
+                raise ValueError("the cache holds no compressed prompt yet")
+            masks.append(layer.keep)
+        return masks

@@ -1,0 +1,223 @@
+"""One layer of the physically compressed cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from criticalkv.cache.ragged_attention import ragged_attention
+from criticalkv.cache.routing import announce
+from criticalkv.cache.tiers import RaggedPrefix, build_prefix
+
+#: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)
+MIN_GROWTH = 64
+
+PrefillHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
+
+
+class CompressedLayer(CacheLayerMixin):
+    """A layer whose every (batch row, KV head) holds only the entries it kept.
+
+    The compressed prompt is a :class:`RaggedPrefix` (exact bytes, no padding); tokens
+    appended afterwards (the question in question-agnostic mode, generated tokens) go to a
+    dense tail of shape (S, capacity, d) that grows geometrically, so an append is amortised
+    O(1) per head and spare capacity stays below max(12.5%, 64 entries).
+    """
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, layer_idx: int, on_prefill: PrefillHook | None = None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.on_prefill = on_prefill
+        self.prefix: RaggedPrefix | None = None
+        self.keep: torch.Tensor | None = None
+        self.prefix_len = 0
+        self.batch_size = 0
+        self.num_kv_heads = 0
+        self.head_dim = 0
+        self.tail_keys: torch.Tensor | None = None
+        self.tail_values: torch.Tensor | None = None
+        self.tail_len = 0
+
+    # --- transformers' CacheLayerMixin interface -------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.dtype = key_states.dtype
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prefix is None:
+            if self.on_prefill is None:
+                raise RuntimeError("this compressed cache layer has no prompt and no way to compress one")
+            self.lazy_initialization(key_states, value_states)
+        else:
+            self.append(key_states, value_states)
+        announce(self, self.layer_idx)
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Logical length: prompt tokens seen (before eviction) plus appended tokens."""
+        return self.prefix_len + self.tail_len
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.prefix = None
+        self.keep = None
+        self.prefix_len = self.tail_len = 0
+        self.tail_keys = self.tail_values = None
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        index = torch.arange(self.batch_size, device=self.device).repeat_interleave(repeats)
+        self.batch_select_indices(index)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Rebuild the layer for the batch rows ``indices`` (beam search, repeated samples)."""
+        if self.prefix is None:
+            return
+        indices = indices.to(self.device).long()
+        h, d = self.num_kv_heads, self.head_dim
+        old_segments = (indices[:, None] * h + torch.arange(h, device=self.device)).reshape(-1)
+        pieces = [self.prefix.segment(int(s)) for s in old_segments]
+        longest = max(int(k.shape[0]) for k, _ in pieces)
+        new_b = int(indices.shape[0])
+        keys = torch.zeros(new_b * h, longest, d, dtype=self.dtype, device=self.device)
+        values = torch.zeros_like(keys)
+        keep = torch.zeros(new_b * h, longest, dtype=torch.bool, device=self.device)
+        for i, (k, v) in enumerate(pieces):
+            keys[i, : k.shape[0]], values[i, : v.shape[0]], keep[i, : k.shape[0]] = k, v, True
+        tail = None
+        if self.tail_keys is not None and self.tail_values is not None:
+            order = self.prefix.inv_perm[old_segments]
+            tail = (self.tail_keys[order, : self.tail_len], self.tail_values[order, : self.tail_len])
+        old_keep = self.keep[indices] if self.keep is not None else None
+        logical_len = self.prefix_len
+        self.set_prefix(
+            keys.view(new_b, h, longest, d),
+            values.view(new_b, h, longest, d),
+            keep.view(new_b, h, -1),
+            logical_len=logical_len,
+        )
+        self.keep = old_keep
+        self.tail_keys = self.tail_values = None
+        self.tail_len = 0
+        if tail is not None:
+            assert self.prefix is not None
+            unsorted_k = tail[0].view(new_b, h, -1, d)
+            unsorted_v = tail[1].view(new_b, h, -1, d)
+            self.append(unsorted_k, unsorted_v)
+
+    # --- compression and storage -----------------------------------------------------------------
+    def set_prefix(
+        self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, logical_len: int | None = None
+    ) -> None:
+        """Store the kept entries of the prompt's (B, H_kv, T, d) keys/values."""
+        b, h, t, d = keys.shape
+        self.batch_size, self.num_kv_heads, self.head_dim = b, h, d
+        self.device, self.dtype = keys.device, keys.dtype
+        self.prefix = build_prefix(keys, values, keep)
+        self.keep = keep
+        self.prefix_len = t if logical_len is None else logical_len
+        self.is_initialized = True
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Append (B, H_kv, q, d) entries to every segment's tail."""
+        assert self.prefix is not None
+        s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
+        if key_states.shape[0] != self.batch_size:
+            raise ValueError(
+                f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed"
+            )
+        perm = self.prefix.perm
+        new_k = key_states.reshape(s, q, d)[perm]
+        new_v = value_states.reshape(s, q, d)[perm]
+        need = self.tail_len + q
+        capacity = 0 if self.tail_keys is None else int(self.tail_keys.shape[1])
+        if need > capacity:
+            new_capacity = need + max(MIN_GROWTH, need // 8)
+            grown_k = torch.empty(s, new_capacity, d, dtype=self.dtype, device=self.device)
+            grown_v = torch.empty_like(grown_k)
+            if self.tail_keys is not None and self.tail_values is not None:
+                grown_k[:, : self.tail_len] = self.tail_keys[:, : self.tail_len]
+                grown_v[:, : self.tail_len] = self.tail_values[:, : self.tail_len]
+            self.tail_keys, self.tail_values = grown_k, grown_v
+        assert self.tail_keys is not None and self.tail_values is not None
+        self.tail_keys[:, self.tail_len : need] = new_k
+        self.tail_values[:, self.tail_len : need] = new_v
+        self.tail_len = need
+
+    def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
+        assert self.prefix is not None
+        b, h_q, q, d = query.shape
+        h = self.num_kv_heads
+        g = h_q // h
+        perm = self.prefix.perm
+        q_sorted = query.reshape(b * h, g * q, d)[perm]
+        t = self.tail_len
+        tail_mask = None
+        if t > 0:
+            tail_mask = self._tail_mask(attention_mask, b, g, q, t)
+            if tail_mask is not None:
+                tail_mask = tail_mask[perm]
+        assert self.tail_keys is not None or t == 0
+        out = ragged_attention(
+            q_sorted,
+            self.prefix.tiers,
+            None if self.tail_keys is None else self.tail_keys[:, :t],
+            None if self.tail_values is None else self.tail_values[:, :t],
+            tail_mask,
+            scaling,
+        )
+        out = out[self.prefix.inv_perm].view(b, h, g, q, d).reshape(b, h_q, q, d)
+        return out.transpose(1, 2)
+
+    def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
+        """(S, G*q, t) bool over the tail, from the model's 4D mask (causal and padding)."""
+        h = self.num_kv_heads
+        if attention_mask is not None:
+            cols = attention_mask[:, 0, -q:, self.prefix_len : self.prefix_len + t]
+            if cols.dtype != torch.bool:
+                cols = cols == 0
+            if bool(cols.all()):
+                return None
+        elif q == 1:
+            return None
+        else:
+            j = torch.arange(t, device=self.device)
+            i = torch.arange(q, device=self.device)
+            cols = (j[None, :] <= (t - q) + i[:, None])[None].expand(b, q, t)
+        full = cols[:, None, None].expand(b, h, g, q, t)
+        return full.reshape(b * h, g * q, t)
+
+    # --- accounting ------------------------------------------------------------------------------
+    def nbytes(self) -> int:
+        """Bytes held by this layer's keys and values (tail capacity included)."""
+        total = 0 if self.prefix is None else self.prefix.nbytes()
+        for tensor in (self.tail_keys, self.tail_values):
+            if tensor is not None:
+                total += tensor.numel() * tensor.element_size()
+        return total
+
+    def kept_per_head(self) -> torch.Tensor:
+        """(B, H_kv) entries each head holds (prefix plus tail)."""
+        assert self.prefix is not None
+        return self.prefix.lengths.view(self.batch_size, self.num_kv_heads) + self.tail_len
+
+    def tail_capacity(self) -> int:
+        return 0 if self.tail_keys is None else int(self.tail_keys.shape[1])

@@ -1,0 +1,123 @@
+"""The registry of named compression methods: (scores, budgets, selection) triples.
+
+A method is the paper's Algorithm 2 template (accumulate scores -> allocate budgets ->
+select per head) with one choice for each step. CriticalKV is a selection step, so
+``critical-adakv`` is AdaKV's scores and budgets with the two-stage critical selection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from criticalkv.budgets.adaptive import Adaptive
+from criticalkv.budgets.base import Allocator
+from criticalkv.budgets.uniform import Uniform
+from criticalkv.scores.base import Scorer
+from criticalkv.scores.window_attention import WindowAttention
+from criticalkv.select.base import Selector
+from criticalkv.select.critical import Critical
+from criticalkv.select.topk import TopK
+from criticalkv.state import LayerState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named KV-cache compression method.
+
+    ``scores`` is ``None`` for the full cache (nothing is evicted).
+    """
+
+    name: str
+    description: str
+    reference: str
+    scores: Scorer | None
+    budgets: Allocator = field(default_factory=Uniform)
+    select: Selector = field(default_factory=TopK)
+
+    @property
+    def compresses(self) -> bool:
+        return self.scores is not None
+
+    def keep_mask(self, state: LayerState, budget: torch.Tensor) -> torch.Tensor:
+        """(B, H_kv, T) bool mask of the entries to keep, given (B,) entries per head."""
+        if self.scores is None:
+            return state.valid[:, None, :].expand(-1, state.num_kv_heads, -1).clone()
+        scores = self.scores(state).float()
+        scores = scores.masked_fill(~state.eligible, float("-inf"))
+        budgets = self.budgets(scores, state, budget)
+        return self.select(scores, budgets, state)
+
+
+_SNAPKV = "Li et al. 2024, SnapKV (arXiv 2404.14469)"
+_ADAKV = "Feng et al. 2024, Ada-KV (arXiv 2407.11550)"
+_CRITICAL = "Feng et al. 2025, CriticalKV (arXiv 2502.03805)"
+
+_REGISTRY: dict[str, Callable[[], Method]] = {}
+
+
+def register(name: str, factory: Callable[[], Method]) -> None:
+    """Register a method factory under ``name`` (replacing any earlier one)."""
+    _REGISTRY[name] = factory
+
+
+def available_methods() -> list[str]:
+    """Registered method names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get_method(name: str | Method) -> Method:
+    """The method registered as ``name`` (a :class:`Method` is returned as is)."""
+    if isinstance(name, Method):
+        return name
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]()
+
+
+register(
+    "full",
+    lambda: Method("full", "No compression: every entry is kept (the reference).", "-", None),
+)
+register(
+    "snapkv",
+    lambda: Method(
+        "snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()
+    ),
+)
+register(
+    "adakv",
+    lambda: Method(
+        "adakv",
+        "Window attention, adaptive cross-head budgets (safeguard 0.2), top-k per head.",
+        _ADAKV,
+        WindowAttention(),
+        budgets=Adaptive(),
+    ),
+)
+register(
+    "critical-snapkv",
+    lambda: Method(
+        "critical-snapkv",
+        "SnapKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        _CRITICAL,
+        WindowAttention(),
+        select=Critical(),
+    ),
+)
+register(
+    "critical-adakv",
+    lambda: Method(
+        "critical-adakv",
+        "AdaKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        _CRITICAL,
+        WindowAttention(),
+        budgets=Adaptive(),
+        select=Critical(),
+    ),
+)

@@ -1,0 +1,7 @@
+"""Selection: which entries each head keeps, given its budget."""
+
+from criticalkv.select.base import Selector
+from criticalkv.select.critical import Critical
+from criticalkv.select.topk import TopK, topk_mask
+
+__all__ = ["Critical", "Selector", "TopK", "topk_mask"]

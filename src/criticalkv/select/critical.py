@@ -1,0 +1,52 @@
+"""CriticalKV's two-stage selection (Feng et al. 2025, arXiv 2502.03805, Algorithm 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from criticalkv.scores.value_norms import projected_value_norms
+from criticalkv.select.topk import topk_mask
+from criticalkv.state import LayerState
+
+
+@dataclass(frozen=True)
+class Critical:
+    """Stage 1 keeps ``floor(alpha * b_h)`` entries by attention (window included), which
+    keeps the kept attention mass above 1/2; stage 2 fills the rest of the head's budget by
+    ``(A_i + eps) * ||V_i W_O||``, the entry's share of the output-perturbation bound.
+
+    Parameters
+    ----------
+    alpha : share of the budget chosen by attention alone (0.5 in the paper).
+    eps : added to the attention before weighting by the norm (1e-4 in the released code).
+    p : norm of the projected values, 1 (paper) or 2.
+    """
+
+    alpha: float = 0.5
+    eps: float = 1e-4
+    p: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], not {self.alpha}")
+        if self.eps < 0:
+            raise ValueError(f"eps must be >= 0, not {self.eps}")
+        if self.p not in (1, 2):
+            raise ValueError(f"p must be 1 or 2, not {self.p}")
+
+    def norms(self, state: LayerState) -> torch.Tensor:
+        """(B, H_kv, T) projected value norms, GQA group mean."""
+        weight = state.module.o_proj.weight  # type: ignore[union-attr]
+        return projected_value_norms(state.values, weight, p=self.p)
+
+    def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:
+        w = state.window
+        eligible = state.eligible
+        k1 = torch.clamp(torch.floor(self.alpha * budgets.double()).long() - w, min=0)
+        stage1 = topk_mask(scores, k1, eligible)
+        weighted = (scores + self.eps) * self.norms(state)
+        k2 = budgets - w - stage1.sum(-1)
+        stage2 = topk_mask(weighted, k2, eligible & ~stage1)
+        return stage1 | stage2 | state.window_mask

@@ -1,0 +1,81 @@
+"""What one decoder layer exposes to compression after the prefill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """The prefill state of one attention layer, as seen by scores, budgets and selection.
+
+    Rows are left-padded: column ``T - 1`` is the last prompt token of every row, and the
+    observation window is the last ``window`` columns (always real tokens).
+
+    Attributes
+    ----------
+    queries : (B, H_q, n_q, d) the last ``n_q >= window`` queries of the prompt, after RoPE.
+    keys, values : (B, H_kv, T, d) the layer's full keys (after RoPE) and values.
+    valid : (B, T) bool, ``False`` on padding.
+    module : the attention module (gives ``o_proj`` and ``scaling``).
+    window : size of the observation window; its entries are always kept.
+    layer_idx, num_layers : position of the layer in the model.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    valid: torch.Tensor
+    module: nn.Module
+    window: int
+    layer_idx: int
+    num_layers: int
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.keys.shape[1])
+
+    @property
+    def num_query_heads(self) -> int:
+        return int(self.queries.shape[1])
+
+    @property
+    def group_size(self) -> int:
+        return self.num_query_heads // self.num_kv_heads
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.keys.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.keys.shape[3])
+
+    @property
+    def scaling(self) -> float:
+        return float(getattr(self.module, "scaling", self.head_dim**-0.5))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) number of real (non-padding) tokens per row."""
+        return self.valid.sum(-1)
+
+    @property
+    def window_mask(self) -> torch.Tensor:
+        """(B, 1, T) bool, ``True`` on the observation window (the last ``window`` columns)."""
+        mask = torch.zeros(self.batch_size, 1, self.seq_len, dtype=torch.bool, device=self.keys.device)
+        mask[..., self.seq_len - self.window :] = True
+        return mask
+
+    @property
+    def eligible(self) -> torch.Tensor:
+        """(B, H_kv, T) bool: entries a selection may choose (real tokens outside the window)."""
+        mask = self.valid[:, None, :] & ~self.window_mask
+        return mask.expand(-1, self.num_kv_heads, -1)
