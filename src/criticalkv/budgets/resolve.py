@@ -35,7 +35,9 @@ def parse_budget(text: str) -> Budget:
     try:
         value: Budget = int(text) if text.lstrip("+").isdigit() else float(text)
     except ValueError as err:
-        raise ValueError(f"budget {text!r} is neither a fraction like 0.2 nor a token count like 512") from err
+        raise ValueError(
+            f"budget {text!r} is neither a fraction like 0.2 nor a token count like 512"
+        ) from err
     return validate_budget(value)
 
 

@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 ATTN_IMPLEMENTATION = "criticalkv"
 
 
-def _valid_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
+def _valid_from_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device
+) -> torch.Tensor:
     """(B, T) bool of real tokens, read off the diagonal of the prefill's 4D mask."""
     if attention_mask is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
@@ -48,11 +50,15 @@ def criticalkv_attention(
     """Attention function with transformers' signature (see module docstring)."""
     layer = claim()
     if layer is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     if isinstance(layer, CompressedLayer) and layer.prefix is not None:
         return layer.attend(query, attention_mask, scale), None
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    out, _ = sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
     valid = _valid_from_mask(attention_mask, key.shape[0], key.shape[2], key.device)
     with torch.no_grad():
         layer.on_prefill(layer, query, key, value, valid, module)
@@ -72,7 +78,7 @@ def attach(model: nn.Module) -> nn.Module:
     from criticalkv.models import check_supported
 
     check_supported(model)
-    config = model.config  # type: ignore[union-attr]
+    config: Any = model.config
     if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         setter = getattr(model, "set_attn_implementation", None)
         if callable(setter):

@@ -93,7 +93,7 @@ class CompressedCache(Cache):
 
     @classmethod
     def for_model(
-        cls, model: nn.Module, method: str | Method = "critical-adakv", budget: Budget = 0.2, **kwargs: Any
+        cls, model: Any, method: str | Method = "critical-adakv", budget: Budget = 0.2, **kwargs: Any
     ) -> CompressedCache:
         """A cache sized for ``model`` (its number of decoder layers)."""
         return cls(model.config.num_hidden_layers, method, budget, **kwargs)
@@ -177,7 +177,9 @@ class CompressedCache(Cache):
         for layer in self.compressed_layers:
             if layer.prefix is None or self.real_prompt_tokens is None:
                 continue
-            per_token = 2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
+            per_token = (
+                2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
+            )
             tokens = int(self.real_prompt_tokens.sum()) + layer.batch_size * layer.tail_len
             total += tokens * per_token
         return total

@@ -47,9 +47,6 @@ def projected_value_norms(
     for start in range(0, t, chunk):
         v = values[:, :, None, start : start + chunk, :]  # (B, H_kv, 1, c, d)
         projected = torch.matmul(v, w_o[None])  # (B, H_kv, G, c, D)
-        if p == 1:
-            norms = projected.abs().sum(-1, dtype=torch.float32)
-        else:
-            norms = projected.float().norm(dim=-1)
+        norms = projected.abs().sum(-1, dtype=torch.float32) if p == 1 else projected.float().norm(dim=-1)
         out[:, :, start : start + chunk] = norms.mean(dim=2)
     return out

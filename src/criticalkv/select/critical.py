@@ -38,7 +38,7 @@ class Critical:
 
     def norms(self, state: LayerState) -> torch.Tensor:
         """(B, H_kv, T) projected value norms, GQA group mean."""
-        weight = state.module.o_proj.weight  # type: ignore[union-attr]
+        weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
         return projected_value_norms(state.values, weight, p=self.p)
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Evaluation: task generators, metrics and sweeps."""

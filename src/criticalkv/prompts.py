@@ -1,0 +1,59 @@
+"""Turning (context, question) pairs into token ids, with the context as a prefix."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+_SENTINEL = "\u2063CRITICALKV_SPLIT\u2063"
+
+
+def split_prompt(
+    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True
+) -> tuple[str, str]:
+    """The prompt text as (context part, question part); their concatenation is the prompt.
+
+    With a chat template the user turn is ``context + "\\n\\n" + question`` and the question
+    part ends with the assistant header. Without one: ``context + "\\n\\n" + question + "\\nAnswer:"``.
+    """
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": context + _SENTINEL + "\n\n" + question}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if not isinstance(text, str) or text.count(_SENTINEL) != 1:
+            raise ValueError("the tokenizer's chat template does not render the user message verbatim")
+        head, tail = text.split(_SENTINEL)
+        return head, tail
+    return context, "\n\n" + question + "\nAnswer:"
+
+
+def encode_pair(
+    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True
+) -> tuple[list[int], list[int]]:
+    """Token ids of the context part and the question part (tokenised separately)."""
+    if not isinstance(context, str) or not context.strip():
+        raise ValueError("the context is empty; pass the text to compress")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("the question is empty; pass the question to ask about the context")
+    head, tail = split_prompt(tokenizer, context, question, chat)
+    ctx = tokenizer(head, add_special_tokens=False)["input_ids"]
+    qst = tokenizer(tail, add_special_tokens=False)["input_ids"]
+    return list(ctx), list(qst)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``input_ids`` and ``attention_mask`` (B, T_max)."""
+    if not sequences:
+        raise ValueError("no sequences to pad")
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch (as ``generate`` computes them)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
