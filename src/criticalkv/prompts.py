@@ -8,9 +8,7 @@ from transformers import PreTrainedTokenizerBase
 _SENTINEL = "\u2063CRITICALKV_SPLIT\u2063"
 
 
-def split_prompt(
-    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True
-) -> tuple[str, str]:
+def split_prompt(tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True) -> tuple[str, str]:
     """The prompt text as (context part, question part); their concatenation is the prompt.
 
     With a chat template the user turn is ``context + "\\n\\n" + question`` and the question

@@ -239,7 +239,5 @@ def continue_generation(
     mask = torch.cat([attention_mask, torch.ones_like(first)], dim=1)
     kwargs: dict[str, Any] = {"do_sample": False}
     kwargs.update(generate_kwargs)
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=max_new_tokens - 1, **kwargs
-    )
+    out = model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=max_new_tokens - 1, **kwargs)
     return out[:, input_ids.shape[1] :]

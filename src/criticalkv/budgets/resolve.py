@@ -15,9 +15,7 @@ def validate_budget(budget: object) -> Budget:
     A ``float`` is a fraction of the context in (0, 1]; an ``int`` is a token count >= 1.
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(
-            f"budget must be a fraction in (0, 1] (a float) or a token count (an int), not {budget!r}"
-        )
+        raise TypeError(f"budget must be a fraction in (0, 1] (a float) or a token count (an int), not {budget!r}")
     if isinstance(budget, float):
         if not math.isfinite(budget) or not 0.0 < budget <= 1.0:
             raise ValueError(
@@ -35,9 +33,7 @@ def parse_budget(text: str) -> Budget:
     try:
         value: Budget = int(text) if text.lstrip("+").isdigit() else float(text)
     except ValueError as err:
-        raise ValueError(
-            f"budget {text!r} is neither a fraction like 0.2 nor a token count like 512"
-        ) from err
+        raise ValueError(f"budget {text!r} is neither a fraction like 0.2 nor a token count like 512") from err
     return validate_budget(value)
 
 

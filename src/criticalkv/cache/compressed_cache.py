@@ -177,9 +177,7 @@ class CompressedCache(Cache):
         for layer in self.compressed_layers:
             if layer.prefix is None or self.real_prompt_tokens is None:
                 continue
-            per_token = (
-                2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
-            )
+            per_token = 2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
             tokens = int(self.real_prompt_tokens.sum()) + layer.batch_size * layer.tail_len
             total += tokens * per_token
         return total

@@ -140,9 +140,7 @@ class CompressedLayer(CacheLayerMixin):
         assert self.prefix is not None
         s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
         if key_states.shape[0] != self.batch_size:
-            raise ValueError(
-                f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed"
-            )
+            raise ValueError(f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed")
         perm = self.prefix.perm
         new_k = key_states.reshape(s, q, d)[perm]
         new_v = value_states.reshape(s, q, d)[perm]
@@ -161,9 +159,7 @@ class CompressedLayer(CacheLayerMixin):
         self.tail_values[:, self.tail_len : need] = new_v
         self.tail_len = need
 
-    def attend(
-        self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
-    ) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
         """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
         assert self.prefix is not None
         b, h_q, q, d = query.shape
@@ -189,9 +185,7 @@ class CompressedLayer(CacheLayerMixin):
         out = out[self.prefix.inv_perm].view(b, h, g, q, d).reshape(b, h_q, q, d)
         return out.transpose(1, 2)
 
-    def _tail_mask(
-        self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int
-    ) -> torch.Tensor | None:
+    def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
         """(S, G*q, t) bool over the tail, from the model's 4D mask (causal and padding)."""
         h = self.num_kv_heads
         if attention_mask is not None:

@@ -7,9 +7,7 @@ import torch
 from criticalkv.cache.tiers import Tier
 
 
-def _merge(
-    m: torch.Tensor, lse: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
-) -> None:
+def _merge(m: torch.Tensor, lse: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor) -> None:
     """Fold one block of ``scores`` (n, q, L) and ``values`` (n, L, d) into the running
     max ``m`` (n, q), normaliser ``lse`` (n, q) and output ``acc`` (n, q, d), in place."""
     block_max = scores.amax(dim=-1)

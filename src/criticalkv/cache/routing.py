@@ -21,7 +21,8 @@ NOT_ATTACHED = (
 def announce(layer: Any, layer_idx: int) -> None:
     """Called by a layer's ``update``: its attention call comes next."""
     stale = _PENDING.get()
-    if stale is not None and layer_idx != 0:
+    # unclaimed: a later layer of the same forward, or the same layer again (a one-layer model)
+    if stale is not None and (layer_idx != 0 or stale is layer):
         _PENDING.set(None)
         raise RuntimeError(NOT_ATTACHED)
     _PENDING.set(layer)

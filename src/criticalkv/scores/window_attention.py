@@ -52,9 +52,9 @@ class WindowAttention:
 
     def smooth(self, weights: torch.Tensor, window: int) -> torch.Tensor:
         """Pool (B, H, T) along the sequence outside the window; the window is left as is."""
-        if self.pool == "none" or self.kernel == 1:
-            return weights
         b, h, t = weights.shape
+        if self.pool == "none" or self.kernel == 1 or t == window:  # t == window: nothing to pool
+            return weights
         body = weights[..., : t - window].reshape(b * h, 1, t - window)
         pad = self.kernel // 2
         if self.pool == "avg":
