@@ -68,9 +68,7 @@ def test_decode_matches_masked_full_cache(arch: str, method: str) -> None:
     q_mask = torch.ones(2, 5, dtype=torch.long)
     q_mask[1, :2] = 0
     chunks = [(question, q_mask)]
-    chunks += [
-        (torch.randint(3, 100, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.long)) for _ in range(6)
-    ]
+    chunks += [(torch.randint(3, 100, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.long)) for _ in range(6)]
     worst = _decode_compare(ours, ref, cache, ref_cache, mask, chunks)
     assert worst < 1e-4, f"{method} on {arch}: logits differ by {worst}"
 
@@ -86,9 +84,7 @@ def test_compressed_differs_from_full() -> None:
     for cache in (full, small):
         ours(input_ids=ids, attention_mask=mask, cache=cache)
         nxt = torch.tensor([[5]])
-        logits.append(
-            ours(input_ids=nxt, attention_mask=torch.ones(1, 61, dtype=torch.long), cache=cache).logits
-        )
+        logits.append(ours(input_ids=nxt, attention_mask=torch.ones(1, 61, dtype=torch.long), cache=cache).logits)
     assert float((logits[0] - logits[1]).abs().max()) > 1e-3
 
 
@@ -108,8 +104,6 @@ def test_prefill_states_compress_like_inflight() -> None:
         for a, b in zip(inflight.keep_masks(), derived.keep_masks(), strict=True):
             assert torch.equal(a, b)
         nxt, m2 = torch.tensor([[7], [9]]), torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
-        la = model(
-            input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=inflight
-        ).logits
+        la = model(input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=inflight).logits
         lb = model(input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=derived).logits
         assert torch.allclose(la, lb, atol=1e-5)

