@@ -28,7 +28,9 @@ def topk_mask(scores: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     mask = torch.zeros_like(eligible)
     if k_max == 0:
         return mask
-    masked = scores.float().masked_fill(~eligible, float("-inf"))
+    # eligible entries rank strictly above ineligible ones, even where their score is -inf
+    lowest = torch.finfo(torch.float32).min
+    masked = scores.float().clamp(min=lowest).masked_fill(~eligible, float("-inf"))
     top = torch.topk(masked, k_max, dim=-1, sorted=True).indices
     take = torch.arange(k_max, device=scores.device) < k.unsqueeze(-1)
     mask.scatter_(-1, top, take)

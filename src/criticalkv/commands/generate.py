@@ -1,0 +1,86 @@
+"""``criticalkv generate``: answer a question about a context with a compressed cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
+from criticalkv.runtime import MODES
+
+NAME = "generate"
+HELP = "answer a question about a context with a compressed cache"
+
+
+def add_arguments(gen: argparse.ArgumentParser) -> None:
+    add_model_arguments(gen)
+    gen.add_argument("--method", type=method_arg, default="critical-adakv")
+    gen.add_argument("--budget", type=budget_arg, default=0.2, help="fraction of the prompt (0.2) or tokens (512)")
+    gen.add_argument("--context-file", type=Path, required=True, help="UTF-8 text file with the context")
+    gen.add_argument("--question", required=True)
+    gen.add_argument("--mode", choices=MODES, default="question-aware")
+    gen.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.context_file.is_file():
+        raise UsageError(f"context file {args.context_file} does not exist")
+    context = args.context_file.read_text(encoding="utf-8")
+    if not context.strip():
+        raise UsageError(f"context file {args.context_file} is empty")
+    if not args.question.strip():
+        raise UsageError("--question is empty")
+    if args.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be at least 1")
+    from criticalkv.models import load_model
+    from criticalkv.runtime import generate
+
+    started = time.perf_counter()
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    load_s = time.perf_counter() - started
+    result = generate(
+        model,
+        tokenizer,
+        context,
+        args.question,
+        method=args.method,
+        budget=args.budget,
+        mode=args.mode,
+        window=args.window,
+        max_new_tokens=args.max_new_tokens,
+        chat=not args.no_chat,
+    )
+    record = {
+        "answer": result.answers[0],
+        "method": result.method,
+        "budget": result.budget,
+        "mode": result.mode,
+        "window": result.window,
+        "model": args.model,
+        "context_tokens": result.context_tokens[0],
+        "question_tokens": result.question_tokens[0],
+        "new_tokens": result.new_tokens[0],
+        "kv_bytes": result.kv_bytes,
+        "kv_bytes_full": result.kv_bytes_full,
+        "kv_ratio": result.kv_bytes / result.kv_bytes_full if result.kv_bytes_full else None,
+        "ttft_s": result.ttft_s,
+        "total_s": result.total_s,
+        "load_s": load_s,
+    }
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(result.answers[0])
+        print(
+            f"[{result.method} @ {result.budget}, {result.mode}: {record['context_tokens']} context tokens, "
+            f"KV {result.kv_bytes / 2**20:.2f} MB of {result.kv_bytes_full / 2**20:.2f} MB, "
+            f"TTFT {result.ttft_s:.2f} s]",
+            file=sys.stderr,
+        )
+    return 0
