@@ -8,11 +8,14 @@ from transformers import PreTrainedTokenizerBase
 _SENTINEL = "\u2063CRITICALKV_SPLIT\u2063"
 
 
-def split_prompt(tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True) -> tuple[str, str]:
+def split_prompt(
+    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True, answer_prefix: str = ""
+) -> tuple[str, str]:
     """The prompt text as (context part, question part); their concatenation is the prompt.
 
     With a chat template the user turn is ``context + "\\n\\n" + question`` and the question
-    part ends with the assistant header. Without one: ``context + "\\n\\n" + question + "\\nAnswer:"``.
+    part ends with the assistant header followed by ``answer_prefix``. Without one:
+    ``context + "\\n\\n" + question + "\\n" + (answer_prefix or "Answer:")``.
     """
     if chat and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": context + _SENTINEL + "\n\n" + question}]
@@ -20,19 +23,19 @@ def split_prompt(tokenizer: PreTrainedTokenizerBase, context: str, question: str
         if not isinstance(text, str) or text.count(_SENTINEL) != 1:
             raise ValueError("the tokenizer's chat template does not render the user message verbatim")
         head, tail = text.split(_SENTINEL)
-        return head, tail
-    return context, "\n\n" + question + "\nAnswer:"
+        return head, tail + answer_prefix
+    return context, "\n\n" + question + "\n" + (answer_prefix or "Answer:")
 
 
 def encode_pair(
-    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True
+    tokenizer: PreTrainedTokenizerBase, context: str, question: str, chat: bool = True, answer_prefix: str = ""
 ) -> tuple[list[int], list[int]]:
     """Token ids of the context part and the question part (tokenised separately)."""
     if not isinstance(context, str) or not context.strip():
         raise ValueError("the context is empty; pass the text to compress")
     if not isinstance(question, str) or not question.strip():
         raise ValueError("the question is empty; pass the question to ask about the context")
-    head, tail = split_prompt(tokenizer, context, question, chat)
+    head, tail = split_prompt(tokenizer, context, question, chat, answer_prefix)
     ctx = tokenizer(head, add_special_tokens=False)["input_ids"]
     qst = tokenizer(tail, add_special_tokens=False)["input_ids"]
     return list(ctx), list(qst)

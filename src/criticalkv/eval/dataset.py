@@ -1,0 +1,67 @@
+"""Bring your own data: a JSONL file of ``{"context", "question", "answers", "metric"?}`` lines.
+
+Optional fields: ``metric`` (``string_match_part`` by default, or ``string_match_all``),
+``task`` (a name to group results by; the file's stem by default), ``answer_prefix`` and
+``max_new_tokens`` (32 by default). Malformed lines are reported with their line number and
+skipped; the rest run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from criticalkv.eval.metrics import METRICS
+from criticalkv.eval.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def load_dataset_file(path: str | Path) -> list[Sample]:
+    """Samples of a JSONL file; malformed lines are logged (with line numbers) and skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"dataset file {path} does not exist")
+    samples: list[Sample] = []
+    problems: list[str] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+            missing = [k for k in ("context", "question", "answers") if k not in row]
+            if missing:
+                raise ValueError(f"missing field(s) {', '.join(missing)}")
+            answers = row["answers"]
+            if isinstance(answers, str):
+                answers = [answers]
+            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+                raise ValueError("'answers' must be a non-empty list of strings")
+            if not str(row["context"]).strip() or not str(row["question"]).strip():
+                raise ValueError("empty context or question")
+            metric = row.get("metric", "string_match_part")
+            if metric not in METRICS:
+                raise ValueError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
+            samples.append(
+                Sample(
+                    task=str(row.get("task", path.stem)),
+                    index=number,
+                    context=str(row["context"]),
+                    question=str(row["question"]),
+                    answers=answers,
+                    metric=metric,
+                    max_new_tokens=int(row.get("max_new_tokens", 32)),
+                    answer_prefix=str(row.get("answer_prefix", "")),
+                    meta={"line": number},
+                )
+            )
+        except (json.JSONDecodeError, ValueError, TypeError) as err:
+            problems.append(f"{path}:{number}: {err}")
+    for problem in problems:
+        logger.warning("skipping malformed line %s", problem)
+    if not samples:
+        raise ValueError(f"no usable samples in {path}" + (f" ({problems[0]})" if problems else ""))
+    return samples
