@@ -184,3 +184,31 @@ def test_dataset_sweep(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-un
     run_sweep(_config(out, benchmark="dataset", dataset=str(data), tasks=[]), tiny, tok)
     records = store.read_results(out)
     assert {r["task"] for r in records} == {"d"} and len(records) == 5
+
+
+@torch.no_grad()
+def test_stacked_rows_equal_single_caches(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Each row of a stacked cache decodes exactly like that config's own cache."""
+    from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
+    from criticalkv.prompts import positions
+    from criticalkv.runtime import prefill
+    from tests.conftest import padded_batch
+
+    ids, mask = padded_batch([80], seed=5)
+    states, _ = prefill(tiny, ids, mask, window=6)
+    configs = [("full", 1.0), ("snapkv", 0.3), ("critical-adakv", 0.3), ("adakv", 20)]
+    stacked, times = stacked_cache(states, [(ckv.get_method(m), b) for m, b in configs])
+    assert len(times) == 4
+    nxt = torch.tensor([[9]])
+    m2 = torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1)
+    batch = tiny(
+        input_ids=nxt.expand(4, -1),
+        attention_mask=m2.expand(4, -1),
+        position_ids=positions(m2).expand(4, -1)[:, -1:],
+        cache=stacked,
+    ).logits
+    for row, (method, budget) in enumerate(configs):
+        single = ckv.CompressedCache.from_states(states, method, budget)
+        assert row_kv_bytes(stacked)[row] == single.kv_bytes()
+        alone = tiny(input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=single).logits
+        assert torch.allclose(batch[row], alone[0], atol=1e-5), method

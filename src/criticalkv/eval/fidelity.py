@@ -20,15 +20,15 @@ def answer_logprobs(
     answer_len: int,
     first_logits: torch.Tensor | None,
 ) -> torch.Tensor:
-    """(answer_len, V) float32 log-probabilities of each gold answer position, teacher-forced.
+    """(B, answer_len, V) float32 log-probabilities of each gold answer position, teacher-forced.
 
     ``cache`` holds the prompt (it is extended: pass a fork). ``suffix`` is what follows the
     cached tokens: the question (question-agnostic mode) then the gold answer. With
-    ``first_logits`` (question-aware mode: the prefill's last logits) the suffix is the answer
-    alone and its first token is predicted by those logits.
+    ``first_logits`` (B, V) (question-aware mode: the prefill's last logits) the suffix is the
+    answer alone and its first token is predicted by those logits. Every row gets the same suffix.
     """
     device = prompt_mask.device
-    ids = torch.tensor([suffix], dtype=torch.long, device=device)
+    ids = torch.tensor([suffix], dtype=torch.long, device=device).expand(prompt_mask.shape[0], -1)
     mask = torch.cat([prompt_mask, torch.ones_like(ids)], dim=1)
     out = model(
         input_ids=ids,
@@ -36,12 +36,12 @@ def answer_logprobs(
         position_ids=positions(mask)[:, -ids.shape[1] :],
         cache=cache,
     )
-    logits = out.logits[0].float()
+    logits = out.logits.float()
     if first_logits is not None:
-        picked = torch.cat([first_logits.float().view(1, -1), logits[: answer_len - 1]])
+        picked = torch.cat([first_logits.float()[:, None, :], logits[:, : answer_len - 1]], dim=1)
     else:
         start = len(suffix) - answer_len - 1
-        picked = logits[start : start + answer_len]
+        picked = logits[:, start : start + answer_len]
     return torch.log_softmax(picked, dim=-1)
 
 

@@ -13,7 +13,8 @@ import torch
 from tqdm.auto import tqdm
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.compressed_cache import CompressedCache, check_window
+from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
 from criticalkv.eval.dataset import load_dataset_file
 from criticalkv.eval.fidelity import answer_logprobs, fidelity
 from criticalkv.eval.metrics import char_credit, get_metric
@@ -139,38 +140,38 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any) -> Path:
         states, last_logits = prefill(model, ids, mask, window=window)
         prefill_s = time.perf_counter() - started
         suffix = gold if aware else qst + gold
-        first_logits = last_logits[0] if aware else None
-        full_cache = CompressedCache.from_states(states, "full", 1.0)
-        reference = answer_logprobs(model, full_cache, mask, suffix, len(gold), first_logits)
-        del full_cache
         metric = get_metric(sample.metric)
-        for method, budget in pending:
-            t0 = time.perf_counter()
-            cache = CompressedCache.from_states(states, method, budget)
-            compress_s = time.perf_counter() - t0
-            kv_bytes, kv_full = cache.kv_bytes(), cache.kv_bytes_full()
-            logprobs = answer_logprobs(model, cache.fork(), mask, suffix, len(gold), first_logits)
-            fid = fidelity(logprobs, reference, gold)
-            t1 = time.perf_counter()
-            full_ids, full_mask = ids, mask
-            if aware:
-                first = last_logits.argmax(-1)
-            else:
-                q = torch.tensor([qst], dtype=torch.long, device=device)
-                full_ids, full_mask = torch.cat([ids, q], 1), torch.cat([mask, torch.ones_like(q)], 1)
-                logits = model(
-                    input_ids=q,
-                    attention_mask=full_mask,
-                    position_ids=positions(full_mask)[:, -q.shape[1] :],
-                    cache=cache,
-                ).logits
-                first = logits[:, -1].argmax(-1)
-            new = continue_generation(model, cache, full_ids, full_mask, first, max_new, pad_token_id=pad_id)[
-                0
-            ].tolist()
-            eos = tokenizer.eos_token_id
+        # the full-cache reference first, then every pending config, all as rows of one batch
+        rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
+        cache, compress_times = stacked_cache(states, [(get_method(m), b) for m, b in rows])
+        k = len(rows)
+        kv_rows = row_kv_bytes(cache)
+        kv_full = kv_rows[0]
+        batch_mask = mask.expand(k, -1)
+        first_logits = last_logits.expand(k, -1) if aware else None
+        logprobs = answer_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
+        t1 = time.perf_counter()
+        full_ids, full_mask = ids.expand(k, -1), batch_mask
+        if aware:
+            first = last_logits.argmax(-1).expand(k)
+        else:
+            q = torch.tensor([qst], dtype=torch.long, device=device).expand(k, -1)
+            full_ids = torch.cat([full_ids, q], 1)
+            full_mask = torch.cat([batch_mask, torch.ones_like(q)], 1)
+            logits = model(
+                input_ids=q, attention_mask=full_mask, position_ids=positions(full_mask)[:, -q.shape[1] :], cache=cache
+            ).logits
+            first = logits[:, -1].argmax(-1)
+        generated = continue_generation(model, cache, full_ids, full_mask, first, max_new, pad_token_id=pad_id)
+        decode_s = time.perf_counter() - t1
+        eos = tokenizer.eos_token_id
+        for row, (method, budget) in enumerate(rows):
+            if row == 0 and ("full", 1.0) not in pending:
+                continue
+            new = generated[row].tolist()
             cut = new.index(eos) if eos in new else len(new)
             answer = str(tokenizer.decode(new[:cut], skip_special_tokens=True)).strip()
+            fid = fidelity(logprobs[row], logprobs[0], gold)
             record = {
                 **keys[(method, budget)],
                 "mode": config.mode,
@@ -184,17 +185,19 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any) -> Path:
                 "answers": sample.answers,
                 "context_tokens": len(ctx),
                 "prompt_tokens": len(prompt),
-                "kv_bytes": kv_bytes,
+                "kv_bytes": kv_rows[row],
                 "kv_bytes_full": kv_full,
                 "prefill_s": prefill_s,
-                "compress_s": compress_s,
-                "decode_s": time.perf_counter() - t1,
-                "new_tokens": len(new),
+                "compress_s": compress_times[row],
+                "batch_decode_s": decode_s,
+                "batch_rows": k,
+                "new_tokens": cut,
                 "meta": sample.meta,
             }
             append_result(out, record)
             done.add(result_key(record))
             bar.update(1)
+        del cache
         del states
     bar.close()
     return out

@@ -1,0 +1,60 @@
+"""Several compressions of one prompt as the rows of one cache, to decode them in one batch.
+
+A sweep compares many (method, budget) pairs on the same prefill. Stacking them as batch rows
+shares every weight read of the decode steps (the bulk of decode time on a small model) while
+each row still holds only its own kept entries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from criticalkv.budgets.resolve import Budget, resolve_budget
+from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.methods import Method
+from criticalkv.state import LayerState
+
+
+def keep_masks(states: Sequence[LayerState], method: Method, budget: Budget) -> list[torch.Tensor]:
+    """Per layer, the (B, H_kv, T) keep mask ``method`` chooses at ``budget``."""
+    tokens = resolve_budget(budget, states[0].lengths, states[0].window)
+    return [method.keep_mask(state, tokens) for state in states]
+
+
+def stacked_cache(
+    states: Sequence[LayerState], configs: Sequence[tuple[Method, Budget]]
+) -> tuple[CompressedCache, list[float]]:
+    """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``.
+
+    Returns the cache and the selection time of each config (seconds).
+    """
+    if not states or states[0].batch_size != 1:
+        raise ValueError("stacking needs the prefill states of exactly one prompt (batch size 1)")
+    times: list[float] = []
+    per_config: list[list[torch.Tensor]] = []
+    for method, budget in configs:
+        start = time.perf_counter()
+        per_config.append(keep_masks(states, method, budget))
+        times.append(time.perf_counter() - start)
+    k = len(configs)
+    cache = CompressedCache(len(states), "full", 1.0, window=states[0].window)
+    cache.real_prompt_tokens = states[0].lengths.repeat(k)
+    for i, (layer, state) in enumerate(zip(cache.compressed_layers, states, strict=True)):
+        keep = torch.cat([masks[i] for masks in per_config], dim=0)
+        layer.set_prefix(state.keys.expand(k, -1, -1, -1), state.values.expand(k, -1, -1, -1), keep)
+    return cache, times
+
+
+def row_kv_bytes(cache: CompressedCache) -> list[int]:
+    """Bytes of keys and values each batch row holds in the compressed prompt."""
+    totals: list[int] = []
+    for layer in cache.compressed_layers:
+        if layer.prefix is None:
+            raise ValueError("the cache holds no compressed prompt")
+        entry = 2 * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
+        per_row = layer.prefix.lengths.view(layer.batch_size, layer.num_kv_heads).sum(-1) * entry
+        totals = per_row.tolist() if not totals else [a + b for a, b in zip(totals, per_row.tolist(), strict=True)]
+    return [int(t) for t in totals]
