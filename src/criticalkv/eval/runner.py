@@ -88,9 +88,10 @@ def _samples(config: SweepConfig, tokenizer: Any) -> Iterator[tuple[int, Sample]
         for sample in load_dataset_file(config.dataset)[: config.samples]:
             yield 0, sample
         return
-    for task in config.tasks:
+    # sample-major: an interrupted sweep has covered every task and length with fewer samples
+    for index in range(config.samples):
         for length in config.lengths:
-            for index in range(config.samples):
+            for task in config.tasks:
                 yield length, make_sample(task, tokenizer, length, index, seed=config.seed, qa_source=config.qa_source)
 
 
