@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ class LayerState:
     module : the attention module (gives ``o_proj`` and ``scaling``).
     window : size of the observation window; its entries are always kept.
     layer_idx, num_layers : position of the layer in the model.
+    memo : derived tensors (value norms, window attention) computed once per state and reused
+        when one prefill is compressed many ways; keys name everything they depend on.
     """
 
     queries: torch.Tensor
@@ -33,6 +36,13 @@ class LayerState:
     window: int
     layer_idx: int
     num_layers: int
+    memo: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def remember(self, key: Any, compute: Any) -> torch.Tensor:
+        """``memo[key]``, computed by ``compute()`` the first time."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     @property
     def batch_size(self) -> int:

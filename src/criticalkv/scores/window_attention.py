@@ -64,6 +64,10 @@ class WindowAttention:
         return torch.cat([pooled.view(b, h, t - window), weights[..., t - window :]], dim=-1)
 
     def __call__(self, state: LayerState) -> torch.Tensor:
+        key = ("window_attention", self.pool, self.kernel, state.window)
+        return state.remember(key, lambda: self._scores(state))
+
+    def _scores(self, state: LayerState) -> torch.Tensor:
         weights = self.smooth(self.attention(state), state.window)
         b, _, t = weights.shape
         return weights.view(b, state.num_kv_heads, state.group_size, t).mean(dim=2)

@@ -39,7 +39,7 @@ class Critical:
     def norms(self, state: LayerState) -> torch.Tensor:
         """(B, H_kv, T) projected value norms, GQA group mean."""
         weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
-        return projected_value_norms(state.values, weight, p=self.p)
+        return state.remember(("value_norms", self.p), lambda: projected_value_norms(state.values, weight, p=self.p))
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:
         w = state.window
