@@ -89,3 +89,15 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def with_all_queries(state: LayerState, seed: int = 0) -> LayerState:
+    """``state`` with a random query for every prompt position before the ones it holds (for
+    scores that read every prompt query, such as H2O's); the held queries stay as they are."""
+    b, h_q, n_q, d = state.queries.shape
+    missing = state.seq_len - n_q
+    if missing <= 0:
+        return state
+    g = torch.Generator().manual_seed(seed)
+    earlier = 2.0 * torch.randn(b, h_q, missing, d, generator=g)
+    return LayerState(**{**state.__dict__, "queries": torch.cat([earlier, state.queries], dim=2)})

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 import criticalkv as ckv
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.reference import KEEP
+from tests.synthetic_scores import synthetic_head_scores
 
 METHODS = ckv.available_methods()
 
@@ -55,7 +56,8 @@ def test_decode_matches_masked_full_cache(arch: str, method: str) -> None:
     ours, ref = _models(arch)
     ids, mask = padded_batch([48, 37], seed=1)
     pos = positions(mask)
-    cache = ckv.CompressedCache.for_model(ours, method, 0.3, window=6)
+    # head-prior methods need head scores: synthetic ones for the tiny model (ignored by the others)
+    cache = ckv.CompressedCache.for_model(ours, method, 0.3, window=6, head_scores=synthetic_head_scores(ours))
     out = ours(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
     ref_cache = DynamicCache(config=ref.config)
     ref_out = ref(input_ids=ids, attention_mask=mask, position_ids=pos, cache=ref_cache)

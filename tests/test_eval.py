@@ -77,7 +77,7 @@ def _config(out: Path, **kw: object) -> SweepConfig:
         out=out,
         tasks=["niah_single_1", "qa_1"],
         lengths=[600],
-        methods=["full", "snapkv", "critical-snapkv"],
+        methods=["full", "snapkv", "critical-snapkv", "h2o"],
         budgets=[0.3, 0.6],
         samples=2,
         window=8,
@@ -183,7 +183,7 @@ def test_dataset_sweep(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-un
     out = tmp_path / "run"
     run_sweep(_config(out, benchmark="dataset", dataset=str(data), tasks=[]), tiny, tok)
     records = store.read_results(out)
-    assert {r["task"] for r in records} == {"d"} and len(records) == 5
+    assert {r["task"] for r in records} == {"d"} and len(records) == 7
 
 
 @torch.no_grad()

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import criticalkv as ckv
-from criticalkv.budgets import Adaptive
+from criticalkv.budgets import Adaptive, HeadPrior, Pyramid
 from criticalkv.scores import WindowAttention, projected_value_norms
 from criticalkv.state import LayerState
 from tests.random_state import o_proj_weight, one_thread, random_state
+from tests.synthetic_scores import bind_synthetic
 
 ALPHA, EPS, KERNEL, ALPHA_FLOOR = 0.5, 1e-4, 5, 0.2
 
@@ -252,3 +253,86 @@ def test_adakv_allocation_matches_naive_when_the_safeguard_binds(case: tuple, al
     assert torch.equal(budgets, naive_adakv_budgets(scores, state, tokens, alpha_floor))
     if state.num_kv_heads > 1 and max(math.floor(alpha_floor * int(b)) for b in tokens) > state.window:
         assert not torch.equal(budgets, Adaptive(0.0)(scores, state, tokens))  # the safeguard did something
+
+
+# --- layer-wise and head-prior budgets (PyramidKV, HeadKV) ---------------------------------------
+
+
+def naive_apportion(shares: list[float], total: int) -> list[int]:
+    """Floors, plus one for the largest fractional parts (lower index first on ties)."""
+    floors = [math.floor(x) for x in shares]
+    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), i))
+    for i in order[: total - sum(floors)]:
+        floors[i] += 1
+    return floors
+
+
+def naive_pyramid(budget: int, length: int, window: int, layers: int, beta: float = 20.0) -> list[int]:
+    """PyramidKV on b' = b - w: 2b' - b'/beta down to b'/beta, lowered to fit the prompt."""
+    sel, cap = budget - window, length - window
+    low, high = sel / beta, 2 * sel - sel / beta
+    if high > cap:
+        high, low = cap, 2 * sel - cap
+    shares = [sel] if layers == 1 else [high - (high - low) * layer / (layers - 1) for layer in range(layers)]
+    return [window + n for n in naive_apportion(shares, layers * sel)]
+
+
+def naive_head_prior(scores: list[float], budget: int, length: int, window: int, beta: float) -> list[int]:
+    """HeadKV's Eq. 4 on b' = b - w over all heads, capped at the prompt, overflow shared in proportion."""
+    sel, cap, heads = budget - window, length - window, len(scores)
+    norm = [s / sum(scores) for s in scores]
+    shares = [s * (sel / beta) * heads + sel - sel / beta for s in norm]
+    fixed: set[int] = set()
+    while True:
+        free = [i for i in range(heads) if i not in fixed]
+        weights = {i: shares[i] for i in free}
+        if free and sum(weights.values()) <= 0:
+            weights = dict.fromkeys(free, 1.0)
+        room = heads * sel - len(fixed) * cap
+        fitted = [float(cap) if i in fixed else weights[i] * room / sum(weights.values()) for i in range(heads)]
+        over = {i for i in free if fitted[i] > cap}
+        if not over:
+            break
+        fixed |= over
+    return [window + n for n in naive_apportion(fitted, heads * sel)]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layers", [1, 4])
+def test_pyramid_budgets_match_naive(case: tuple, layers: int) -> None:
+    state, tokens = make_state(case)
+    ours = Pyramid().layer_budgets(tokens, state.lengths, state.window, layers)
+    for row in range(state.batch_size):
+        expected = naive_pyramid(int(tokens[row]), int(state.lengths[row]), state.window, layers)
+        assert ours[row].tolist() == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("beta", [1.0, 1.5, 4.0])
+def test_head_prior_budgets_match_naive(case: tuple, beta: float) -> None:
+    state, tokens = make_state(case)
+    layers, heads = 3, state.num_kv_heads
+    g = torch.Generator().manual_seed(case[0])
+    scores = torch.rand(layers, heads, generator=g).double() ** 6  # skewed: some heads hit the cap
+    prior = HeadPrior(beta=beta).with_head_scores(scores)
+    ours = prior.model_budgets(tokens, state.lengths, state.window, layers, heads)
+    flat = scores.flatten().tolist()
+    for row in range(state.batch_size):
+        expected = naive_head_prior(flat, int(tokens[row]), int(state.lengths[row]), state.window, beta)
+        assert ours[row].flatten().tolist() == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", ["critical-pyramidkv", "critical-headkv"])
+def test_critical_on_layer_varying_budgets_matches_naive(case: tuple, name: str) -> None:
+    """CriticalPyramidKV and CriticalHeadKV: the base method's budgets, then the two stages."""
+    state, tokens = make_state(case)
+    attention = naive_window_attention(state)
+    norms = naive_value_norms(state.values, o_proj_weight(state))
+    for layer in range(3):
+        layered = LayerState(**{**state.__dict__, "layer_idx": layer, "num_layers": 3})
+        method = bind_synthetic(ckv.get_method(name), layered, seed=case[0])
+        assert method.scores is not None
+        budgets = method.budgets(method.scores(layered).float(), layered, tokens)
+        keep = method.keep_mask(layered, tokens)
+        assert torch.equal(keep, naive_critical(attention, norms, budgets, layered))

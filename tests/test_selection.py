@@ -12,13 +12,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import criticalkv as ckv
-from criticalkv.budgets import Adaptive, Uniform
+from criticalkv.budgets import Adaptive, HeadPrior, Pyramid, Uniform
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.tiers import build_prefix
 from criticalkv.scores import WindowAttention, projected_value_norms
+from criticalkv.scores.queries import ALL_QUERIES, queries_needed
 from criticalkv.select import Critical, TopK, topk_mask
 from criticalkv.state import LayerState
-from tests.random_state import o_proj_weight, one_thread, random_state
+from tests.random_state import o_proj_weight, one_thread, random_state, with_all_queries
+from tests.synthetic_scores import bind_synthetic
 
 COMPRESSING = [name for name in ckv.available_methods() if name != "full"]
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -57,6 +59,10 @@ def cases(draw: st.DrawFn, zero_keys: bool = False, zero_values: bool = False) -
         num_queries=window + draw(st.integers(0, 2)),
         zero_keys=zero_keys,
         zero_values=zero_values,
+    )
+    num_layers = draw(st.integers(1, 4))  # layer-wise and head-prior budgets depend on the layer
+    state = LayerState(
+        **{**state.__dict__, "num_layers": num_layers, "layer_idx": draw(st.integers(0, num_layers - 1))}
     )
     shortest = min(lengths)
     tokens_budget = draw(st.integers(window, shortest))
@@ -159,17 +165,48 @@ def test_topk_mask_zero_and_batched_k() -> None:
 # --- every compressing method --------------------------------------------------------------------
 
 
+def method_for(name: str, state: LayerState, seed: int = 0) -> tuple[ckv.Method, LayerState]:
+    """The method, head-prior budgets bound to synthetic scores, and the state with every prompt
+    query if its scores read them all (H2O)."""
+    method = bind_synthetic(ckv.get_method(name), state, seed)
+    if queries_needed(method.scores) == ALL_QUERIES:
+        state = with_all_queries(state, seed)
+    return method, state
+
+
+def check_layer_varying_budgets(method: ckv.Method, budgets: torch.Tensor, case: Case) -> None:
+    """Pyramid and head-prior budgets: this layer's entry of a whole-model allocation that keeps
+    ``L * H_kv * b`` entries per row, every head between its window and its row's length."""
+    state, tokens = case.state, case.tokens
+    h, n_layers = state.num_kv_heads, state.num_layers
+    if isinstance(method.budgets, Pyramid):
+        per_layer = method.budgets.layer_budgets(tokens, state.lengths, state.window, n_layers)
+        assert torch.equal(budgets, per_layer[:, state.layer_idx, None].expand(-1, h))
+        assert bool((per_layer[:, 1:] <= per_layer[:, :-1]).all()), "pyramid budgets grow with depth"
+        model = per_layer[:, :, None].expand(-1, -1, h)
+    else:
+        assert isinstance(method.budgets, HeadPrior)
+        model = method.budgets.model_budgets(tokens, state.lengths, state.window, n_layers, h)
+        assert torch.equal(budgets, model[:, state.layer_idx])
+    assert torch.equal(model.sum((1, 2)), n_layers * h * tokens)
+    assert bool((model >= state.window).all())
+    assert bool((model <= state.lengths[:, None, None]).all())
+    if n_layers == 1:
+        assert torch.equal(budgets.sum(-1), h * tokens)
+
+
 @pytest.mark.parametrize("name", COMPRESSING)
 @SETTINGS
 @given(case=cases())
 def test_method_keep_mask_invariants(name: str, case: Case) -> None:
-    method = ckv.get_method(name)
-    state = case.state
+    method, state = method_for(name, case.state, seed=int(case.tokens[0]))
     keep = method.keep_mask(state, case.tokens)
     budgets = method.budgets(masked_scores(method, state), state, case.tokens)
     h = state.num_kv_heads
     if isinstance(method.budgets, Uniform):
         assert torch.equal(budgets, case.tokens[:, None].expand(-1, h))
+    elif isinstance(method.budgets, (Pyramid, HeadPrior)):
+        check_layer_varying_budgets(method, budgets, case)
     else:
         assert isinstance(method.budgets, Adaptive)
         assert torch.equal(budgets.sum(-1), h * case.tokens)
@@ -181,11 +218,13 @@ def test_method_keep_mask_invariants(name: str, case: Case) -> None:
 @given(case=cases(zero_keys=True, zero_values=True))
 def test_method_keep_mask_with_all_scores_tied(name: str, case: Case) -> None:
     """Zero keys give uniform attention and zero values zero norms: ties everywhere."""
-    method = ckv.get_method(name)
-    state = case.state
+    method, state = method_for(name, case.state)
     keep = method.keep_mask(state, case.tokens)
     budgets = method.budgets(masked_scores(method, state), state, case.tokens)
-    assert torch.equal(budgets.sum(-1), state.num_kv_heads * case.tokens)
+    if isinstance(method.budgets, (Pyramid, HeadPrior)):
+        check_layer_varying_budgets(method, budgets, case)
+    else:
+        assert torch.equal(budgets.sum(-1), state.num_kv_heads * case.tokens)
     assert_valid_selection(keep, budgets, state)
 
 

@@ -15,8 +15,13 @@ import torch
 
 from criticalkv.budgets.adaptive import Adaptive
 from criticalkv.budgets.base import Allocator
+from criticalkv.budgets.head_prior import HeadPrior
+from criticalkv.budgets.pyramid import Pyramid
 from criticalkv.budgets.uniform import Uniform
+from criticalkv.scores.accumulated_attention import AccumulatedAttention
 from criticalkv.scores.base import Scorer
+from criticalkv.scores.key_norm import KeyNorm
+from criticalkv.scores.positional import SinksAndRecent
 from criticalkv.scores.window_attention import WindowAttention
 from criticalkv.select.base import Selector
 from criticalkv.select.critical import Critical
@@ -57,6 +62,11 @@ class Method:
 _SNAPKV = "Li et al. 2024, SnapKV (arXiv 2404.14469)"
 _ADAKV = "Feng et al. 2024, Ada-KV (arXiv 2407.11550)"
 _CRITICAL = "Feng et al. 2025, CriticalKV (arXiv 2502.03805)"
+_PYRAMIDKV = "Cai et al. 2024, PyramidKV (arXiv 2406.02069)"
+_HEADKV = "Fu et al. 2024, HeadKV: Not All Heads Matter (arXiv 2410.19258)"
+_STREAMINGLLM = "Xiao et al. 2023, StreamingLLM (arXiv 2309.17453)"
+_H2O = "Zhang et al. 2023, H2O (arXiv 2306.14048)"
+_KNORM = "Devoto et al. 2024, Knorm (arXiv 2406.11430)"
 
 _REGISTRY: dict[str, Callable[[], Method]] = {}
 
@@ -117,5 +127,74 @@ register(
         WindowAttention(),
         budgets=Adaptive(),
         select=Critical(),
+    ),
+)
+register(
+    "pyramidkv",
+    lambda: Method(
+        "pyramidkv",
+        "Window attention, layer budgets decreasing linearly with depth (beta 20), top-k per head.",
+        _PYRAMIDKV,
+        WindowAttention(),
+        budgets=Pyramid(),
+    ),
+)
+register(
+    "critical-pyramidkv",
+    lambda: Method(
+        "critical-pyramidkv",
+        "PyramidKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        _CRITICAL,
+        WindowAttention(),
+        budgets=Pyramid(),
+        select=Critical(),
+    ),
+)
+register(
+    "headkv",
+    lambda: Method(
+        "headkv",
+        "Window attention, per-head budgets from retrieval-reasoning head scores (beta 1.5), top-k per head.",
+        _HEADKV,
+        WindowAttention(),
+        budgets=HeadPrior(),
+    ),
+)
+register(
+    "critical-headkv",
+    lambda: Method(
+        "critical-headkv",
+        "HeadKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        _CRITICAL,
+        WindowAttention(),
+        budgets=HeadPrior(),
+        select=Critical(),
+    ),
+)
+register(
+    "streamingllm",
+    lambda: Method(
+        "streamingllm",
+        "Attention sinks (the first 4 tokens) plus the most recent tokens, uniform budgets.",
+        _STREAMINGLLM,
+        SinksAndRecent(),
+    ),
+)
+register(
+    "h2o",
+    lambda: Method(
+        "h2o",
+        "Attention accumulated over all prompt queries (heavy hitters) plus the window, uniform budgets.",
+        _H2O,
+        AccumulatedAttention(),
+    ),
+)
+register(
+    "knorm",
+    lambda: Method(
+        "knorm",
+        "Keeps the keys with the lowest L2 norm (score -||k||), uniform budgets.",
+        _KNORM,
+        KeyNorm(),
     ),
 )

@@ -10,6 +10,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from criticalkv.cache.compressed_cache import DEFAULT_WINDOW, check_window, state_from_prefill
 from criticalkv.cache.routing import announce
+from criticalkv.scores.queries import QueriesNeeded, check_queries_needed, resolve_num_queries
 from criticalkv.state import LayerState
 
 
@@ -49,7 +50,7 @@ class CaptureLayer(DynamicLayer):
             window=self.owner.window,
             layer_idx=self.layer_idx,
             num_layers=self.owner.num_layers,
-            num_queries=self.owner.num_queries,
+            num_queries=resolve_num_queries(self.owner.num_queries, query.shape[2]),
         )
 
 
@@ -61,13 +62,14 @@ class CaptureCache(Cache):
     ----------
     num_layers : decoder layers of the model.
     window : observation window recorded (its queries are kept).
-    num_queries : keep this many last queries instead (for scores that need more than the window).
+    num_queries : keep this many last queries instead, or ``'all'`` (for scores that need more
+        than the window, such as H2O's: see ``criticalkv.scores.queries``).
     """
 
-    def __init__(self, num_layers: int, window: int = DEFAULT_WINDOW, num_queries: int | None = None) -> None:
+    def __init__(self, num_layers: int, window: int = DEFAULT_WINDOW, num_queries: QueriesNeeded = None) -> None:
         self.window = check_window(window)
         self.num_layers = num_layers
-        self.num_queries = num_queries
+        self.num_queries = check_queries_needed(num_queries)
         layers = [CaptureLayer(i, self) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
 

@@ -12,7 +12,9 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.headscores.binding import HeadScoresArg, bind_head_scores, needs_head_scores
 from criticalkv.methods import Method, get_method
+from criticalkv.scores.queries import QueriesNeeded, queries_needed, resolve_num_queries
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,10 @@ def state_from_prefill(
     num_layers: int,
     num_queries: int | None = None,
 ) -> LayerState:
-    """Build a :class:`LayerState` from the tensors the attention function sees in the prefill."""
+    """Build a :class:`LayerState` from the tensors the attention function sees in the prefill.
+
+    It holds the last ``max(window, num_queries)`` queries (all of them at most).
+    """
     lengths = valid.sum(-1)
     shortest = int(lengths.min())
     if shortest < window:
@@ -73,6 +78,12 @@ class CompressedCache(Cache):
     method : a registered name (see :func:`criticalkv.available_methods`) or a :class:`Method`.
     budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
     window : the observation window (its entries are always kept).
+    head_scores : for methods with head-prior budgets (``headkv``, ``critical-headkv``): a
+        head-score file or :class:`~criticalkv.headscores.HeadScores`; ``None`` looks up the
+        model's (see :mod:`criticalkv.headscores.binding`). Ignored by other methods.
+
+    Scores that read more prompt queries than the window (``queries_needed``, e.g. H2O's) get
+    them: the layer state handed to the method keeps as many as they declare.
     """
 
     def __init__(
@@ -81,8 +92,10 @@ class CompressedCache(Cache):
         method: str | Method = "critical-adakv",
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
+        head_scores: HeadScoresArg = None,
     ) -> None:
         self.method = get_method(method)
+        self._head_scores = head_scores  # bound at the first compression, for the model compressed
         self.budget = validate_budget(budget)
         self.window = check_window(window)
         self.num_layers = num_layers
@@ -93,19 +106,36 @@ class CompressedCache(Cache):
 
     @classmethod
     def for_model(
-        cls, model: Any, method: str | Method = "critical-adakv", budget: Budget = 0.2, **kwargs: Any
+        cls,
+        model: Any,
+        method: str | Method = "critical-adakv",
+        budget: Budget = 0.2,
+        head_scores: HeadScoresArg = None,
+        **kwargs: Any,
     ) -> CompressedCache:
-        """A cache sized for ``model`` (its number of decoder layers)."""
-        return cls(model.config.num_hidden_layers, method, budget, **kwargs)
+        """A cache sized for ``model`` (its number of decoder layers), with head scores bound
+        for ``model`` if the method needs them (an error up front if there are none)."""
+        bound = bind_head_scores(get_method(method), model, head_scores)
+        return cls(model.config.num_hidden_layers, bound, budget, **kwargs)
 
     @classmethod
     def from_states(
-        cls, states: Sequence[LayerState], method: str | Method, budget: Budget, window: int | None = None
+        cls,
+        states: Sequence[LayerState],
+        method: str | Method,
+        budget: Budget,
+        window: int | None = None,
+        head_scores: HeadScoresArg = None,
     ) -> CompressedCache:
-        """Compress captured prefill states (see :class:`CaptureCache`) without a new prefill."""
+        """Compress captured prefill states (see :class:`CaptureCache`) without a new prefill.
+
+        Head scores are bound for the model the states come from (read off the attention
+        modules' config) unless ``head_scores`` is given.
+        """
         if not states:
             raise ValueError("no layer states to compress")
-        cache = cls(len(states), method, budget, window=states[0].window if window is None else window)
+        window = states[0].window if window is None else window
+        cache = cls(len(states), method, budget, window=window, head_scores=head_scores)
         for layer, state in zip(cache.compressed_layers, states, strict=True):
             if state.window != cache.window:
                 state = LayerState(**{**state.__dict__, "window": cache.window})
@@ -135,10 +165,20 @@ class CompressedCache(Cache):
             window=self.window,
             layer_idx=layer.layer_idx,
             num_layers=self.num_layers,
+            num_queries=resolve_num_queries(self.queries_needed, query.shape[2]),
         )
         self._compress_state(layer, state)
 
+    @property
+    def queries_needed(self) -> QueriesNeeded:
+        """Prompt queries the method's scores read (``None``: the window; ``'all'``: every one)."""
+        return queries_needed(self.method.scores)
+
     def _compress_state(self, layer: CompressedLayer, state: LayerState) -> None:
+        if needs_head_scores(self.method) or self._head_scores is not None:
+            # bound once, for the model the attention module belongs to
+            self.method = bind_head_scores(self.method, getattr(state.module, "config", None), self._head_scores)
+            self._head_scores = None
         if self._budget_tokens is None or self._budget_tokens.shape[0] != state.batch_size:
             self.real_prompt_tokens = state.lengths
             self._budget_tokens = resolve_budget(self.budget, state.lengths, self.window)

@@ -21,9 +21,11 @@ from criticalkv.eval.metrics import char_credit, get_metric
 from criticalkv.eval.ruler import TASK_NAMES, make_sample
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import append_result, iter_done, open_run, result_key
+from criticalkv.headscores.binding import bind_head_scores
 from criticalkv.methods import get_method
 from criticalkv.prompts import encode_pair, left_pad, positions
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode, continue_generation, prefill
+from criticalkv.scores.queries import QueriesNeeded, merge_queries_needed, queries_needed, resolve_num_queries
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,10 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any) -> Path:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     window = int(config.window or 0)
+    methods = {name: bind_head_scores(get_method(name), model) for name in {"full", *config.methods}}
+    needed: QueriesNeeded = None
+    for bound in methods.values():
+        needed = merge_queries_needed(needed, queries_needed(bound.scores))
     for length, sample in _samples(config, tokenizer):
         keys = {
             (m, b): {"task": sample.task, "length": length, "index": sample.index, "method": m, "budget": b}
@@ -138,13 +144,15 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any) -> Path:
         ids, mask = left_pad([prompt], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         started = time.perf_counter()
-        states, last_logits = prefill(model, ids, mask, window=window)
+        states, last_logits = prefill(
+            model, ids, mask, window=window, num_queries=resolve_num_queries(needed, len(prompt))
+        )
         prefill_s = time.perf_counter() - started
         suffix = gold if aware else qst + gold
         metric = get_metric(sample.metric)
         # the full-cache reference first, then every pending config, all as rows of one batch
         rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
-        cache, compress_times = stacked_cache(states, [(get_method(m), b) for m, b in rows])
+        cache, compress_times = stacked_cache(states, [(methods[m], b) for m, b in rows])
         k = len(rows)
         kv_rows = row_kv_bytes(cache)
         kv_full = kv_rows[0]

@@ -1,7 +1,20 @@
 """Scores: how much each cache entry matters, per (batch row, KV head, position)."""
 
+from criticalkv.scores.accumulated_attention import AccumulatedAttention
 from criticalkv.scores.base import Scorer
+from criticalkv.scores.key_norm import KeyNorm
+from criticalkv.scores.positional import SinksAndRecent
+from criticalkv.scores.queries import ALL_QUERIES, queries_needed
 from criticalkv.scores.value_norms import projected_value_norms
 from criticalkv.scores.window_attention import WindowAttention
 
-__all__ = ["Scorer", "WindowAttention", "projected_value_norms"]
+__all__ = [
+    "ALL_QUERIES",
+    "AccumulatedAttention",
+    "KeyNorm",
+    "Scorer",
+    "SinksAndRecent",
+    "WindowAttention",
+    "projected_value_norms",
+    "queries_needed",
+]
