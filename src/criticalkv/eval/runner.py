@@ -114,7 +114,17 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any) -> Path:
     pairs = config.configs()
     units = len(config.tasks) * len(config.lengths) * config.samples if config.benchmark == "ruler" else None
     total = units * len(pairs) if units is not None else None
-    bar = tqdm(total=total, desc="eval", unit="run", initial=len(done) if total else 0)
+    initial = 0
+    if config.benchmark == "ruler":
+        wanted = (
+            f"{t}|{n}|{i}|{m}|{b}"
+            for t in config.tasks
+            for n in config.lengths
+            for i in range(config.samples)
+            for m, b in pairs
+        )
+        initial = sum(key in done for key in wanted)
+    bar = tqdm(total=total, desc="eval", unit="run", initial=initial)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     window = int(config.window or 0)
