@@ -114,7 +114,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
         writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) and k != "budget" else v) for k, v in r.items()})
 
 
 def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
