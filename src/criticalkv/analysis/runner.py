@@ -31,7 +31,6 @@ import torch
 from tqdm.auto import tqdm
 
 from criticalkv.analysis.drift import hidden_state_drift
-from criticalkv.analysis.memo import Memo, share_across_configs
 from criticalkv.analysis.perturbation import (
     DEFAULT_CHUNK_BYTES,
     attention_weights,
@@ -268,9 +267,8 @@ def measure_sample(
 
     keeps: list[list[torch.Tensor]] = []  # per config, per layer: (B, H_kv, T)
     rows: list[dict[str, Any]] = []
-    memo: Memo = {}  # scores and Critical's value norms, computed once per layer for all configs
     for config in configs:
-        method = share_across_configs(get_method(config.method), memo)
+        method = get_method(config.method)  # scores and value norms are memoised on the states
         cache = CompressedCache.from_states(states, method, config.budget)
         keeps.append(cache.keep_masks())
         kept = cache.kept_entries()[:, 0]  # (L, H_kv)
@@ -312,7 +310,7 @@ def measure_sample(
         compressed - prefilled,
         time.perf_counter() - compressed,
     )
-    del states, memo
+    del states
     return rows
 
 
