@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from transformers import (
@@ -67,3 +69,12 @@ def padded_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
         mask[i, t - n :] = 1
         ids[i, : t - n] = 0
     return ids, mask
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny tensors run faster without torch's thread pool (and do not fight a busy machine)."""
+    from tests.random_state import one_thread
+
+    with one_thread():
+        yield

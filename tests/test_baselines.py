@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +14,7 @@ from criticalkv.prompts import positions
 from criticalkv.scores import AccumulatedAttention, WindowAttention
 from criticalkv.state import LayerState
 from tests.conftest import make_tiny, padded_batch
-from tests.random_state import one_thread, random_state, with_all_queries
+from tests.random_state import random_state, with_all_queries
 
 # (seed, lengths, H_kv, G, head_dim, window, budget)
 CASES = [
@@ -25,12 +24,6 @@ CASES = [
     (3, [25, 25], 1, 4, 4, 2, 7),  # budget 7 = window 2 + 4 sinks + 1 recent
     (4, [17, 36], 4, 2, 4, 5, 6),  # fewer selectable entries than sinks
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 def make_state(case: tuple, all_queries: bool = False) -> tuple[LayerState, torch.Tensor]:

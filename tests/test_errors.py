@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from transformers import PreTrainedModel
@@ -16,15 +14,8 @@ from criticalkv.prompts import positions
 from criticalkv.scores import WindowAttention, projected_value_norms
 from criticalkv.select import Critical
 from tests.conftest import make_tiny, padded_batch
-from tests.random_state import one_thread
 
 LENGTHS = torch.tensor([100, 80])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ repeated rows, beam search, and a clear error on a model that was not attached."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -12,17 +10,10 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrained
 import criticalkv as ckv
 from criticalkv.prompts import positions
 from tests.conftest import _COMMON, ARCHS, make_tiny, padded_batch
-from tests.random_state import one_thread
 
 WINDOW = 6
 NEW = 12
 LENGTHS = [48, 37]  # batch 2, the second row left-padded
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

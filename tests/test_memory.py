@@ -3,8 +3,6 @@ the generated tokens only, with bounded spare tail capacity."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from transformers import PreTrainedModel
@@ -14,19 +12,12 @@ from criticalkv.budgets import HeadPrior, Pyramid
 from criticalkv.cache import CompressedLayer
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, make_tiny, padded_batch
-from tests.random_state import one_thread
 from tests.synthetic_scores import synthetic_head_scores
 
 METHODS = ckv.available_methods()
 LENGTHS = [200, 170]  # batch 2, the second row left-padded
 WINDOW = 8
 NEW_TOKENS = 150
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

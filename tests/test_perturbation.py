@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,6 @@ from criticalkv.analysis.store import ResultsLog
 from criticalkv.cli import main
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, VOCAB, make_tiny, padded_batch
-from tests.random_state import one_thread
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
-
 
 # --- references ----------------------------------------------------------------------------------
 

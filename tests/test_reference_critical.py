@@ -8,7 +8,6 @@ AdaKV's allocation and the two-stage selection.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import criticalkv as ckv
 from criticalkv.budgets import Adaptive, HeadPrior, Pyramid
 from criticalkv.scores import WindowAttention, projected_value_norms
 from criticalkv.state import LayerState
-from tests.random_state import o_proj_weight, one_thread, random_state
+from tests.random_state import o_proj_weight, random_state
 from tests.synthetic_scores import bind_synthetic
 
 ALPHA, EPS, KERNEL, ALPHA_FLOOR = 0.5, 1e-4, 5, 0.2
@@ -34,12 +33,6 @@ CASES = [
     (7, [64, 50], 4, 1, 4, 2, 0.6),  # small window, large budget: AdaKV's safeguard matters
     (8, [56], 3, 2, 8, 1, 0.5),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 def make_state(case: tuple) -> tuple[LayerState, torch.Tensor]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -19,17 +18,11 @@ from criticalkv.scores import WindowAttention, projected_value_norms
 from criticalkv.scores.queries import ALL_QUERIES, queries_needed
 from criticalkv.select import Critical, TopK, topk_mask
 from criticalkv.state import LayerState
-from tests.random_state import o_proj_weight, one_thread, random_state, with_all_queries
+from tests.random_state import o_proj_weight, random_state, with_all_queries
 from tests.synthetic_scores import bind_synthetic
 
 COMPRESSING = [name for name in ckv.available_methods() if name != "full"]
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
 
 
 @dataclass(frozen=True)
