@@ -14,6 +14,11 @@ HELP = "rebuild summary.csv, the tables and the plots of a sweep folder from its
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="a sweep folder written by `criticalkv eval`")
     p.add_argument("--bar-budget", type=float, default=None, help="budget of the per-task bar plot")
+    p.add_argument(
+        "--buckets",
+        action="store_true",
+        help="LongBench(-E): also group by length bucket 0-4k/4-8k/8k+ (summary_buckets.csv)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out.is_dir():
         raise UsageError(f"{args.out} is not a folder")
-    text, plots = build_report(args.out, args.bar_budget)
+    text, plots = build_report(args.out, args.bar_budget, buckets=args.buckets)
     print(text)
     print("plots: " + ", ".join(str(p) for p in plots))
     return 0

@@ -1,8 +1,13 @@
-"""Task metrics (RULER's string matching) and partial credit."""
+"""Task metrics (RULER's string matching, LongBench's metrics) and partial credit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from difflib import SequenceMatcher
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from criticalkv.eval.sample import Sample
 
 
 def string_match_all(prediction: str, answers: Sequence[str]) -> float:
@@ -30,12 +35,8 @@ def char_credit(prediction: str, answers: Sequence[str]) -> float:
     total = 0.0
     for answer in answers:
         a = answer.lower()
-        best = 0
-        for start in range(len(a)):
-            for end in range(len(a), start + best, -1):
-                if a[start:end] in pred:
-                    best = end - start
-                    break
+        # the longest common substring; difflib finds it in ~O(len * matches), not O(len^2) searches
+        best = SequenceMatcher(None, a, pred, autojunk=False).find_longest_match(0, len(a), 0, len(pred)).size
         total += best / max(len(a), 1)
     return total / len(answers)
 
@@ -47,6 +48,21 @@ METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
 
 
 def get_metric(name: str) -> Callable[[str, Sequence[str]], float]:
+    """A metric that needs only ``(prediction, answers)``; see :func:`bind_metric` for the rest."""
     if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; choose from: {', '.join(METRICS)}")
+        from criticalkv.eval.longbench.metrics import SCORERS
+
+        hint = " (a LongBench metric: score it with bind_metric(sample))" if name in SCORERS else ""
+        raise ValueError(f"unknown metric {name!r}{hint}; choose from: {', '.join(METRICS)}")
     return METRICS[name]
+
+
+def bind_metric(sample: Sample) -> Callable[[str, Sequence[str]], float]:
+    """The ``(prediction, answers) -> score`` function of ``sample``: a plain metric by name, or
+    a LongBench metric bound to what it needs from the sample (``all_classes`` for
+    classification, the first-line post-processing of the few-shot datasets)."""
+    from criticalkv.eval.longbench.metrics import SCORERS, bind
+
+    if sample.metric in SCORERS:
+        return bind(sample)
+    return get_metric(sample.metric)

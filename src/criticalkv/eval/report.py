@@ -38,16 +38,32 @@ def base_of(method: str) -> str | None:
     return method[len("critical-") :] if method.startswith("critical-") else None
 
 
-def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _group(record: dict[str, Any], by: str) -> str:
+    """The group of a result: its length, or (``by="bucket"``) its LongBench-E length bucket."""
+    if by == "length":
+        return str(record["length"])
+    if by == "bucket":
+        from criticalkv.eval.longbench.buckets import bucket_of
+
+        length = (record.get("meta") or {}).get("length")
+        if not isinstance(length, int):
+            raise ValueError("grouping by LongBench-E bucket needs LongBench results (their meta has 'length')")
+        return bucket_of(length)
+    raise ValueError(f"group results by 'length' or 'bucket', not {by!r}")
+
+
+def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dict[str, Any]]:
     """One row per (length or 'all', method, budget, task or 'average'), scores in percent.
 
     ``loss`` is the compression loss (full - score) / full on the same subset;
     ``nll_increase`` the mean per-sample increase of the gold answer's NLL over the full cache.
+    With ``by="bucket"`` the ``length`` column holds LongBench-E's bucket (0-4k, 4-8k, 8k+, by the
+    sample's LongBench length in words or characters) instead of the sweep length.
     """
     full_nll = {(r["task"], r["length"], r["index"]): r["nll"] for r in records if r["method"] == "full"}
     groups: dict[tuple[str, str, Any, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        for length in ("all", str(r["length"])):
+        for length in ("all", _group(r, by)):
             groups[(length, r["method"], r["budget"], r["task"])].append(r)
             groups[(length, r["method"], r["budget"], AVERAGE)].append(r)
     rows = []
@@ -109,12 +125,17 @@ def loss_reductions(rows: Sequence[dict[str, Any]], length: str = "all") -> list
     return out
 
 
-def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: Sequence[dict[str, Any]], path: Path, group: str = "length") -> None:
+    """``rows`` as CSV; ``group`` names the first column (``bucket`` for LongBench-E buckets)."""
+    fields = [group if f == "length" else f for f in FIELDS]
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) and k != "budget" else v) for k, v in r.items()})
+            cells = {(group if k == "length" else k): v for k, v in r.items()}
+            writer.writerow(
+                {k: (f"{v:.4f}" if isinstance(v, float) and k != "budget" else v) for k, v in cells.items()}
+            )
 
 
 def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
@@ -126,9 +147,10 @@ def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
     short = [
         t.replace("niah_", "").replace("single", "s").replace("multikey", "mk").replace("multi", "m") for t in tasks
     ]
+    widths = [max(8, len(s)) for s in short]
     head = (
         f"{'method':<18}{'budget':>7} "
-        + " ".join(f"{s:>8}" for s in short)
+        + " ".join(f"{s:>{w}}" for s, w in zip(short, widths, strict=True))
         + f" {'avg':>7} {'loss':>7} {'dNLL':>7} {'top1':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -137,7 +159,7 @@ def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
         avg = by[(method, budget, AVERAGE)]
         lines.append(
             f"{method:<18}{budget!s:>7} "
-            + " ".join(f"{c['score']:>8.1f}" if c else f"{'-':>8}" for c in cells)
+            + " ".join(f"{c['score']:>{w}.1f}" if c else f"{'-':>{w}}" for c, w in zip(cells, widths, strict=True))
             + f" {avg['score']:>7.1f} {avg['loss']:>7.3f} {avg['nll_increase']:>7.3f} {avg['top1']:>6.3f}"
         )
     reductions = loss_reductions(rows, length)
@@ -163,7 +185,7 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
     full = next((r for r in avg if r["method"] == "full"), None)
     paths = []
     for key, ylabel, name in (
-        ("score", "RULER average score", "score_vs_budget.png"),
+        ("score", "average score", "score_vs_budget.png"),
         ("nll_increase", "NLL increase over full (nats/token)", "nll_vs_budget.png"),
     ):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -209,8 +231,12 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
     return paths
 
 
-def build_report(out_dir: Path, bar_budget: float | None = None) -> tuple[str, list[Path]]:
-    """Write summary.csv and the plots of ``out_dir``; return the printed tables and plot paths."""
+def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool = False) -> tuple[str, list[Path]]:
+    """Write summary.csv and the plots of ``out_dir``; return the printed tables and plot paths.
+
+    ``buckets``: also group LongBench(-E) results by length bucket (``summary_buckets.csv`` and
+    one table per bucket).
+    """
     records = read_results(out_dir)
     if not records:
         raise ValueError(f"{out_dir} has no results yet (no {out_dir / 'results.jsonl'})")
@@ -221,4 +247,12 @@ def build_report(out_dir: Path, bar_budget: float | None = None) -> tuple[str, l
     if len(lengths) > 1:
         for length in lengths:
             text += f"\n\n[length {length}]\n" + format_tables(rows, length)
+    if buckets:
+        from criticalkv.eval.longbench.buckets import BUCKETS
+
+        by_bucket = summarise(records, by="bucket")
+        write_csv(by_bucket, out_dir / "summary_buckets.csv", group="bucket")
+        for bucket in BUCKETS:
+            if any(r["length"] == bucket for r in by_bucket):
+                text += f"\n\n[LongBench-E bucket {bucket}]\n" + format_tables(by_bucket, bucket)
     return text, plot(rows, out_dir, bar_budget)
