@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import criticalkv as ckv
+from criticalkv.compat import cache_argument
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.reference import KEEP
 from tests.synthetic_scores import synthetic_head_scores
@@ -40,8 +41,8 @@ def _decode_compare(
         for ids, chunk_mask in chunks:
             mask = torch.cat([mask, chunk_mask], dim=1)
             pos = positions(mask)[:, -ids.shape[1] :]
-            a = ours(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache).logits
-            b = ref(input_ids=ids, attention_mask=mask, position_ids=pos, cache=ref_cache).logits
+            a = ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache)).logits
+            b = ref(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache)).logits
             real = chunk_mask.bool()
             worst = max(worst, float((a - b)[real].abs().max()))
     finally:
@@ -58,9 +59,9 @@ def test_decode_matches_masked_full_cache(arch: str, method: str) -> None:
     pos = positions(mask)
     # head-prior methods need head scores: synthetic ones for the tiny model (ignored by the others)
     cache = ckv.CompressedCache.for_model(ours, method, 0.3, window=6, head_scores=synthetic_head_scores(ours))
-    out = ours(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
+    out = ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache))
     ref_cache = DynamicCache(config=ref.config)
-    ref_out = ref(input_ids=ids, attention_mask=mask, position_ids=pos, cache=ref_cache)
+    ref_out = ref(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache))
     real = mask.bool()
     assert float((out.logits - ref_out.logits)[real].abs().max()) < 1e-4  # prefill is uncompressed
 
@@ -84,9 +85,13 @@ def test_compressed_differs_from_full() -> None:
     small = ckv.CompressedCache.for_model(ours, "snapkv", 0.2, window=4)
     logits = []
     for cache in (full, small):
-        ours(input_ids=ids, attention_mask=mask, cache=cache)
+        ours(input_ids=ids, attention_mask=mask, **cache_argument(ours, cache))
         nxt = torch.tensor([[5]])
-        logits.append(ours(input_ids=nxt, attention_mask=torch.ones(1, 61, dtype=torch.long), cache=cache).logits)
+        logits.append(
+            ours(
+                input_ids=nxt, attention_mask=torch.ones(1, 61, dtype=torch.long), **cache_argument(ours, cache)
+            ).logits
+        )
     assert float((logits[0] - logits[1]).abs().max()) > 1e-3
 
 
@@ -97,15 +102,19 @@ def test_prefill_states_compress_like_inflight() -> None:
     ids, mask = padded_batch([50, 44], seed=4)
     pos = positions(mask)
     capture = ckv.CaptureCache(model.config.num_hidden_layers, window=5)
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=capture)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(model, capture))
     states = capture.states()
     for method in ("snapkv", "critical-adakv"):
         inflight = ckv.CompressedCache.for_model(model, method, 0.25, window=5)
-        model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=inflight)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(model, inflight))
         derived = ckv.CompressedCache.from_states(states, method, 0.25)
         for a, b in zip(inflight.keep_masks(), derived.keep_masks(), strict=True):
             assert torch.equal(a, b)
         nxt, m2 = torch.tensor([[7], [9]]), torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
-        la = model(input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=inflight).logits
-        lb = model(input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], cache=derived).logits
+        la = model(
+            input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], **cache_argument(model, inflight)
+        ).logits
+        lb = model(
+            input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], **cache_argument(model, derived)
+        ).logits
         assert torch.allclose(la, lb, atol=1e-5)

@@ -583,13 +583,23 @@ def _set_generation_tokens(model: PreTrainedModel) -> None:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def _load_checkpoint(
-    source: str | Path, device: torch.device, dtype: torch.dtype | str | None, *, label: str
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load config, check it, then the weights and tokenizer, from a folder or hub id."""
-    config = AutoConfig.from_pretrained(source)
-    _check_config(config)
-    resolved = _resolve_dtype(dtype, device, getattr(config, "dtype", None))
+DeviceMap = str | dict[str, Any]
+"""A ``device_map`` for ``from_pretrained``: ``"auto"``, ``"balanced"``, ``"sequential"``, ... or a dict."""
+
+
+def _check_device_map(device_map: object) -> DeviceMap | None:
+    if device_map is None or isinstance(device_map, dict):
+        return device_map
+    if isinstance(device_map, str) and device_map.strip():
+        return device_map.strip()
+    raise TypeError(
+        f"device_map must be a non-empty string such as 'auto' or a dict, got {device_map!r}; see the "
+        "device_map argument of transformers' from_pretrained."
+    )
+
+
+def _load_tokenizer(source: str | Path, *, label: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a folder or hub id, left-padded, with a pad token."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError) as error:
@@ -597,15 +607,63 @@ def _load_checkpoint(
             f"could not load a tokenizer for {label}: {error}. The folder needs the tokenizer files "
             "(tokenizer.json or equivalent) next to the weights."
         ) from error
-    model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=resolved)
-    check_supported(model)
-    cast(Any, model).to(device)  # (transformers wraps `to`, which confuses mypy)
-    model.eval()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    logger.info("loaded %s (%s, %s, %s)", label, config.model_type, resolved, device)
+    return tokenizer
+
+
+def _load_checkpoint(
+    source: str | Path,
+    device: torch.device,
+    dtype: torch.dtype | str | None,
+    *,
+    label: str,
+    device_map: DeviceMap | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load config, check it, then the weights and tokenizer, from a folder or hub id.
+
+    With ``device_map`` the weights are placed by accelerate (e.g. sharded across GPUs) instead
+    of being moved to ``device``.
+    """
+    config = AutoConfig.from_pretrained(source)
+    _check_config(config)
+    resolved = _resolve_dtype(dtype, device, getattr(config, "dtype", None))
+    tokenizer = _load_tokenizer(source, label=label)
+    if device_map is None:
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=resolved)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=resolved, device_map=device_map)
+    check_supported(model)
+    if device_map is None:
+        cast(Any, model).to(device)  # (transformers wraps `to`, which confuses mypy)
+    model.eval()
+    placed = getattr(model, "hf_device_map", None) if device_map is not None else device
+    logger.info("loaded %s (%s, %s, %s)", label, config.model_type, resolved, placed)
     return model, tokenizer
+
+
+def load_tokenizer(name: str | os.PathLike[str] = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`load_model` would return for ``name``, without loading the weights.
+
+    A Ray sweep's driver uses it to build the samples it ships to the workers.
+    """
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"name must be a string or a path, got {type(name).__name__}.")
+    text = os.fspath(name)
+    if text == DEFAULT_MODEL:
+        folder = _ensure_default_model()
+        tokenizer = _load_tokenizer(folder, label=_DEFAULT_MODEL_NAME)
+        return _repair_tokenizer(tokenizer, int(AutoConfig.from_pretrained(folder).vocab_size))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _load_tokenizer(path, label=str(path))
+    if _HUB_ID.match(text):
+        return _load_tokenizer(text, label=text)
+    raise ValueError(
+        f"cannot load a tokenizer for {text!r}: pass {DEFAULT_MODEL!r}, a local folder with the model's tokenizer "
+        "files, or a hub id."
+    )
 
 
 def load_model(
@@ -613,6 +671,7 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
+    device_map: DeviceMap | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal language model and its tokenizer.
 
@@ -630,11 +689,15 @@ def load_model(
         Parameter dtype, e.g. ``torch.bfloat16`` or ``"bfloat16"``, ``"float16"``, ``"float32"``.
         Default: float32 on CPU; on GPU the checkpoint's dtype if it is a 16-bit type, else
         bfloat16.
+    device_map : str or dict, optional
+        Passed to transformers' ``from_pretrained`` instead of moving the model to ``device``:
+        ``"auto"`` shards a large model across the visible GPUs (layer by layer; the compressed
+        cache then holds each layer's entries on that layer's device). Not with ``device``.
 
     Returns
     -------
     model : PreTrainedModel
-        The model, in eval mode, on ``device``.
+        The model, in eval mode, on ``device`` (or placed by ``device_map``).
     tokenizer : PreTrainedTokenizerBase
         Its tokenizer, with ``padding_side == "left"`` and a pad token.
 
@@ -649,12 +712,17 @@ def load_model(
     """
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"name must be a string or a path, got {type(name).__name__}.")
+    device_map = _check_device_map(device_map)
+    if device_map is not None and device is not None:
+        raise ValueError("pass either device or device_map, not both (device_map places the weights itself).")
     resolved_device = _resolve_device(device)
     text = os.fspath(name)
     started = time.perf_counter()
     if text == DEFAULT_MODEL:
         folder = _ensure_default_model()
-        model, tokenizer = _load_checkpoint(folder, resolved_device, dtype, label=_DEFAULT_MODEL_NAME)
+        model, tokenizer = _load_checkpoint(
+            folder, resolved_device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map
+        )
         tokenizer = _repair_tokenizer(tokenizer, _embedding_rows(model))
         _set_generation_tokens(model)
         logger.info("default model ready in %.1f s", time.perf_counter() - started)
@@ -667,7 +735,7 @@ def load_model(
                 f"the local folder {str(path)!r} has no config.json; pass a local folder with a Hugging Face "
                 "model saved by save_pretrained (config.json, weights, tokenizer files)."
             )
-        return _load_checkpoint(path, resolved_device, dtype, label=str(path))
+        return _load_checkpoint(path, resolved_device, dtype, label=str(path), device_map=device_map)
     if path.exists():
         raise ValueError(
             f"{text!r} is a file; pass the local folder that holds the model's config.json, weights and "
@@ -675,7 +743,7 @@ def load_model(
         )
     if _HUB_ID.match(text):
         try:
-            return _load_checkpoint(text, resolved_device, dtype, label=text)
+            return _load_checkpoint(text, resolved_device, dtype, label=text, device_map=device_map)
         except _hub_errors() as error:
             raise ValueError(
                 f"could not load {text!r}: not a local folder and the hub is unreachable or the id is "

@@ -15,6 +15,7 @@ from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.attention import attach
 from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
+from criticalkv.compat import cache_argument
 from criticalkv.methods import Method, get_method
 from criticalkv.prompts import encode_pair, left_pad, positions
 from criticalkv.state import LayerState
@@ -145,13 +146,13 @@ def generate(
             input_ids=full_ids[:, :n_ctx],
             attention_mask=full_mask[:, :n_ctx],
             position_ids=positions(full_mask[:, :n_ctx]),
-            cache=cache,
+            **cache_argument(model, cache),
             logits_to_keep=1,
         )
     output = model.generate(
         input_ids=full_ids,
         attention_mask=full_mask,
-        cache=cache,
+        **cache_argument(model, cache),
         max_new_tokens=max_new_tokens,
         streamer=clock,
         **kwargs,
@@ -211,7 +212,7 @@ def prefill(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions(attention_mask),
-        cache=capture,
+        **cache_argument(model, capture),
         logits_to_keep=1,
     )
     return capture.states(), out.logits[:, -1]
@@ -239,5 +240,7 @@ def continue_generation(
     mask = torch.cat([attention_mask, torch.ones_like(first)], dim=1)
     kwargs: dict[str, Any] = {"do_sample": False}
     kwargs.update(generate_kwargs)
-    out = model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=max_new_tokens - 1, **kwargs)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, **cache_argument(model, cache), max_new_tokens=max_new_tokens - 1, **kwargs
+    )
     return out[:, input_ids.shape[1] :]

@@ -41,6 +41,7 @@ from criticalkv.analysis.queries import recording_queries
 from criticalkv.analysis.store import RESULTS_FILE, ResultsLog, check_run_config, round_floats
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
+from criticalkv.compat import cache_argument
 from criticalkv.eval.needle import make_needle_sample
 from criticalkv.methods import available_methods, get_method
 from criticalkv.prompts import encode_pair, positions
@@ -167,7 +168,7 @@ def _decode_hidden(model: Any, cache: CompressedCache, prompt_mask: torch.Tensor
         input_ids=answer,
         attention_mask=mask,
         position_ids=positions(mask)[:, -answer.shape[1] :],
-        cache=cache,
+        **cache_argument(model, cache),
         output_hidden_states=True,
         logits_to_keep=1,
     )

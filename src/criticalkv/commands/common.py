@@ -34,6 +34,14 @@ def methods_arg(text: str) -> list[str]:
     return [method_arg(part.strip()) for part in text.split(",") if part.strip()]
 
 
+def ints_arg(text: str) -> list[int]:
+    """Comma-separated integers, e.g. ``1024,2048``."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from err
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct, offline), a folder or hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions
 
 
@@ -34,7 +35,7 @@ def answer_logprobs(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions(mask)[:, -ids.shape[1] :],
-        cache=cache,
+        **cache_argument(model, cache),
     )
     logits = out.logits.float()
     if first_logits is not None:

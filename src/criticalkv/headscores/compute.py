@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from criticalkv.cache.attention import attach
 from criticalkv.cache.capture import CaptureCache
+from criticalkv.compat import cache_argument
 from criticalkv.headscores.binding import model_name as name_of
 from criticalkv.headscores.file import HeadScores, architecture
 from criticalkv.headscores.needles import make_retrieval_sample
@@ -140,7 +141,7 @@ def score_sample(
     n = int(answer.shape[0])
     ids = torch.tensor([input_ids[:-1]], device=device)  # the last answer token produces nothing we score
     capture = CaptureCache(model.config.num_hidden_layers, window=n, num_queries=n)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=capture, logits_to_keep=n)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, capture), logits_to_keep=n)
     accuracy = float((out.logits[0].argmax(-1) == answer).float().mean())
     per_layer: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
     for state in capture.states():

@@ -1,0 +1,179 @@
+"""The work of a sweep on one sample: one full prefill, every pending (method, budget) derived from it.
+
+:class:`SampleEvaluator` is built once per (sweep, model) and turns ``(length, sample, pending
+pairs)`` into result records. The local runner (:func:`criticalkv.eval.runner.run_sweep`) and the
+Ray workers (:mod:`criticalkv.eval.ray_runner`) both call it, so both produce the same records.
+Writing them to ``results.jsonl`` is the caller's job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from criticalkv.budgets.resolve import Budget
+from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
+from criticalkv.compat import cache_argument
+from criticalkv.eval.fidelity import answer_logprobs, fidelity
+from criticalkv.eval.metrics import bind_metric, char_credit
+from criticalkv.eval.sample import Sample, encode_sample
+from criticalkv.eval.store import result_key
+from criticalkv.headscores.binding import bind_head_scores
+from criticalkv.methods import get_method
+from criticalkv.prompts import left_pad, positions
+from criticalkv.runtime import continue_generation, prefill
+from criticalkv.scores.queries import QueriesNeeded, merge_queries_needed, queries_needed, resolve_num_queries
+
+if TYPE_CHECKING:
+    from criticalkv.eval.runner import SweepConfig
+
+Pair = tuple[str, Budget]
+
+#: tokens generated when neither the sample nor ``--max-new-tokens`` says fewer
+DEFAULT_GENERATION_CAP = 128
+
+
+def record_key(task: str, length: int, index: int, method: str, budget: Budget) -> dict[str, Any]:
+    """The fields that identify a result line (see :func:`criticalkv.eval.store.result_key`)."""
+    return {"task": task, "length": length, "index": index, "method": method, "budget": budget}
+
+
+def pending_pairs(sample: Sample, length: int, pairs: Sequence[Pair], done: Container[str]) -> list[Pair]:
+    """The (method, budget) pairs of ``sample`` whose result key is not in ``done``."""
+    return [(m, b) for m, b in pairs if result_key(record_key(sample.task, length, sample.index, m, b)) not in done]
+
+
+@dataclass(frozen=True)
+class UnitItem:
+    """One sample of a work unit, with the pairs still to run on it."""
+
+    length: int
+    sample: Sample
+    pending: tuple[Pair, ...]
+
+    @property
+    def num_records(self) -> int:
+        return len(self.pending)
+
+
+def _gold_text(sample: Sample) -> str:
+    if sample.gold is not None:
+        return sample.gold
+    return (" " if sample.answer_prefix else "") + ", ".join(sample.answers)
+
+
+class SampleEvaluator:
+    """Evaluates samples of one sweep on one model (methods bound and limits checked once).
+
+    Raises ``ValueError`` up front if a configured length plus the generation cap exceeds the
+    model's positions.
+    """
+
+    def __init__(self, config: SweepConfig, model: Any, tokenizer: Any) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.limit: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.cap = config.max_new_tokens or DEFAULT_GENERATION_CAP
+        if self.limit is not None and any(n + self.cap > self.limit for n in config.lengths):
+            raise ValueError(
+                f"the model takes at most {self.limit} positions; lower --lengths (generation needs {self.cap} more)"
+            )
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # inputs go where the embeddings are (the first device when a model is sharded)
+        self.device = model.get_input_embeddings().weight.device
+        self.window = int(config.window or 0)
+        self.methods = {name: bind_head_scores(get_method(name), model) for name in {"full", *config.methods}}
+        needed: QueriesNeeded = None
+        for bound in self.methods.values():
+            needed = merge_queries_needed(needed, queries_needed(bound.scores))
+        self.queries_needed = needed
+
+    @torch.no_grad()
+    def run(self, length: int, sample: Sample, pending: Sequence[Pair]) -> list[dict[str, Any]]:
+        """Result records of ``pending`` on ``sample``, in the order of ``pending`` (``full`` first if pending)."""
+        if not pending:
+            return []
+        config, model, tokenizer, device = self.config, self.model, self.tokenizer, self.device
+        ctx, qst = encode_sample(tokenizer, sample, config.chat)
+        gold = list(tokenizer(_gold_text(sample), add_special_tokens=False)["input_ids"])
+        aware = config.mode == "question-aware"
+        prompt = ctx + qst if aware else ctx
+        max_new = min(sample.max_new_tokens, self.cap)
+        positions_needed = len(ctx) + len(qst) + max(max_new, len(gold))
+        if self.limit is not None and positions_needed > self.limit:
+            raise ValueError(
+                f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template and "
+                f"answer), more than the model's {self.limit}; lower --lengths"
+            )
+        ids, mask = left_pad([prompt], self.pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        started = time.perf_counter()
+        states, last_logits = prefill(
+            model, ids, mask, window=self.window, num_queries=resolve_num_queries(self.queries_needed, len(prompt))
+        )
+        prefill_s = time.perf_counter() - started
+        suffix = gold if aware else qst + gold
+        metric = bind_metric(sample)
+        # the full-cache reference first, then every pending config, all as rows of one batch
+        rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
+        cache, compress_times = stacked_cache(states, [(self.methods[m], b) for m, b in rows])
+        k = len(rows)
+        kv_rows = row_kv_bytes(cache)
+        kv_full = kv_rows[0]
+        batch_mask = mask.expand(k, -1)
+        first_logits = last_logits.expand(k, -1) if aware else None
+        logprobs = answer_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
+        t1 = time.perf_counter()
+        full_ids, full_mask = ids.expand(k, -1), batch_mask
+        if aware:
+            first = last_logits.argmax(-1).expand(k)
+        else:
+            q = torch.tensor([qst], dtype=torch.long, device=device).expand(k, -1)
+            full_ids = torch.cat([full_ids, q], 1)
+            full_mask = torch.cat([batch_mask, torch.ones_like(q)], 1)
+            q_pos = positions(full_mask)[:, -q.shape[1] :]
+            logits = model(
+                input_ids=q, attention_mask=full_mask, position_ids=q_pos, **cache_argument(model, cache)
+            ).logits
+            first = logits[:, -1].argmax(-1)
+        generated = continue_generation(model, cache, full_ids, full_mask, first, max_new, pad_token_id=self.pad_id)
+        decode_s = time.perf_counter() - t1
+        eos = tokenizer.eos_token_id
+        records = []
+        for row, (method, budget) in enumerate(rows):
+            if row == 0 and ("full", 1.0) not in pending:
+                continue
+            new = generated[row].tolist()
+            cut = new.index(eos) if eos in new else len(new)
+            answer = str(tokenizer.decode(new[:cut], skip_special_tokens=True)).strip()
+            fid = fidelity(logprobs[row], logprobs[0], gold)
+            records.append(
+                {
+                    **record_key(sample.task, length, sample.index, method, budget),
+                    "mode": config.mode,
+                    "metric": sample.metric,
+                    "score": metric(answer, sample.answers),
+                    "partial": char_credit(answer, sample.answers),
+                    "nll": fid.nll,
+                    "kl": fid.kl,
+                    "top1": fid.top1,
+                    "prediction": answer,
+                    "answers": sample.answers,
+                    "context_tokens": len(ctx),
+                    "prompt_tokens": len(prompt),
+                    "kv_bytes": kv_rows[row],
+                    "kv_bytes_full": kv_full,
+                    "prefill_s": prefill_s,
+                    "compress_s": compress_times[row],
+                    "batch_decode_s": decode_s,
+                    "batch_rows": k,
+                    "new_tokens": cut,
+                    "meta": sample.meta,
+                }
+            )
+        return records
