@@ -7,6 +7,7 @@ AdaKV's allocation and the two-stage selection.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -18,6 +19,13 @@ from criticalkv.scores import WindowAttention, projected_value_norms
 from criticalkv.state import LayerState
 from tests.random_state import o_proj_weight, random_state
 from tests.synthetic_scores import bind_synthetic
+
+
+def exact(method: ckv.Method) -> ckv.Method:
+    """``method`` with its value norms computed in the values' own dtype (float32 here), as the
+    float64 references are; the default ``auto`` precision may use bfloat16."""
+    return dataclasses.replace(method, select=dataclasses.replace(method.select, precision="exact"))
+
 
 ALPHA, EPS, KERNEL, ALPHA_FLOOR = 0.5, 1e-4, 5, 0.2
 
@@ -197,7 +205,7 @@ def test_projected_value_norms_tiny_chunk_budget() -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_critical_snapkv_matches_naive(case: tuple) -> None:
     state, tokens = make_state(case)
-    keep = ckv.get_method("critical-snapkv").keep_mask(state, tokens)
+    keep = exact(ckv.get_method("critical-snapkv")).keep_mask(state, tokens)
     attention = naive_window_attention(state)
     norms = naive_value_norms(state.values, o_proj_weight(state))
     budgets = tokens[:, None].expand(-1, state.num_kv_heads)
@@ -207,7 +215,7 @@ def test_critical_snapkv_matches_naive(case: tuple) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_critical_adakv_matches_naive(case: tuple) -> None:
     state, tokens = make_state(case)
-    method = ckv.get_method("critical-adakv")
+    method = exact(ckv.get_method("critical-adakv"))
     assert method.scores is not None
     scores = method.scores(state).float().masked_fill(~state.eligible, float("-inf"))
     budgets = Adaptive(ALPHA_FLOOR)(scores, state, tokens)
@@ -324,7 +332,7 @@ def test_critical_on_layer_varying_budgets_matches_naive(case: tuple, name: str)
     norms = naive_value_norms(state.values, o_proj_weight(state))
     for layer in range(3):
         layered = LayerState(**{**state.__dict__, "layer_idx": layer, "num_layers": 3})
-        method = bind_synthetic(ckv.get_method(name), layered, seed=case[0])
+        method = bind_synthetic(exact(ckv.get_method(name)), layered, seed=case[0])
         assert method.scores is not None
         budgets = method.budgets(method.scores(layered).float(), layered, tokens)
         keep = method.keep_mask(layered, tokens)

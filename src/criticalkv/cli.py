@@ -8,14 +8,23 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from criticalkv.commands import demo, generate, head_scores, methods
+from criticalkv.commands import bench, demo, generate, head_scores, methods
 from criticalkv.commands import eval as eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
 from criticalkv.commands.common import UsageError
 
 #: subcommand modules, in the order ``--help`` lists them
-COMMANDS: list[ModuleType] = [methods, generate, demo, eval_command, report_command, perturbation_command, head_scores]
+COMMANDS: list[ModuleType] = [
+    methods,
+    generate,
+    demo,
+    eval_command,
+    report_command,
+    perturbation_command,
+    head_scores,
+    bench,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ def _valid_from_mask(
     diagonal = torch.diagonal(attention_mask[:, 0, -length:, -length:], dim1=-2, dim2=-1)
     if diagonal.dtype != torch.bool:
         diagonal = diagonal == 0
-    return diagonal.expand(batch, length)
+    return diagonal.expand(batch, length).to(device)  # the layer's device when sharded
 
 
 def criticalkv_attention(
@@ -43,11 +43,12 @@ def criticalkv_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention function with transformers' signature (see module docstring)."""
+    """Attention function with the signature of transformers' ``sdpa_attention_forward`` (see module
+    docstring); the argument order matters to wrappers that pass ``dropout`` positionally."""
     layer = claim()
     if layer is None:
         return sdpa_attention_forward(

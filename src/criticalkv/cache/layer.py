@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
 from criticalkv.cache.ragged_attention import ragged_attention
 from criticalkv.cache.routing import announce
-from criticalkv.cache.tiers import RaggedPrefix, build_prefix
+from criticalkv.cache.tiers import RaggedPrefix, Tier, build_prefix
 
 #: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)
 MIN_GROWTH = 64
@@ -44,6 +46,12 @@ class CompressedLayer(CacheLayerMixin):
         self.tail_keys: torch.Tensor | None = None
         self.tail_values: torch.Tensor | None = None
         self.tail_len = 0
+        self.tail_may_have_padding = False
+        #: uniform layers (every segment keeps the same count) that own their prefix store it and the
+        #: tail in one (S, L + capacity, d) buffer per keys/values once tokens are appended, so decoding
+        #: is a single sdpa call; ``prefix.tiers[0]`` and ``tail_keys``/``tail_values`` are views into it
+        self.fused: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.owns_prefix = False
 
     # --- transformers' CacheLayerMixin interface -------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -62,8 +70,10 @@ class CompressedLayer(CacheLayerMixin):
         announce(self, self.layer_idx)
         return key_states, value_states
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
+        # transformers >= 5.3 passes the query length; 5.2 passes the cache positions
+        length = int(query_length.shape[0]) if isinstance(query_length, torch.Tensor) else int(query_length)
+        return self.get_seq_length() + length, 0
 
     def get_seq_length(self) -> int:
         """Logical length: prompt tokens seen (before eviction) plus appended tokens."""
@@ -72,11 +82,17 @@ class CompressedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    def get_max_cache_shape(self) -> int:  # the name transformers 5.2 uses
+        return -1
+
     def reset(self) -> None:
         self.prefix = None
         self.keep = None
         self.prefix_len = self.tail_len = 0
         self.tail_keys = self.tail_values = None
+        self.tail_may_have_padding = False
+        self.fused = None
+        self.owns_prefix = False
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -107,6 +123,7 @@ class CompressedLayer(CacheLayerMixin):
             tail = (self.tail_keys[order, : self.tail_len], self.tail_values[order, : self.tail_len])
         old_keep = self.keep[indices] if self.keep is not None else None
         logical_len = self.prefix_len
+        padded = self.tail_may_have_padding
         self.set_prefix(
             keys.view(new_b, h, longest, d),
             values.view(new_b, h, longest, d),
@@ -121,6 +138,7 @@ class CompressedLayer(CacheLayerMixin):
             unsorted_k = tail[0].view(new_b, h, -1, d)
             unsorted_v = tail[1].view(new_b, h, -1, d)
             self.append(unsorted_k, unsorted_v)
+        self.tail_may_have_padding = padded
 
     # --- compression and storage -----------------------------------------------------------------
     def set_prefix(
@@ -133,6 +151,11 @@ class CompressedLayer(CacheLayerMixin):
         self.prefix = build_prefix(keys, values, keep)
         self.keep = keep
         self.prefix_len = t if logical_len is None else logical_len
+        self.tail_may_have_padding = False
+        self.tail_keys = self.tail_values = None
+        self.tail_len = 0
+        self.fused = None
+        self.owns_prefix = True
         self.is_initialized = True
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -141,23 +164,44 @@ class CompressedLayer(CacheLayerMixin):
         s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
         if key_states.shape[0] != self.batch_size:
             raise ValueError(f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed")
-        perm = self.prefix.perm
-        new_k = key_states.reshape(s, q, d)[perm]
-        new_v = value_states.reshape(s, q, d)[perm]
+        new_k = key_states.reshape(s, q, d)
+        new_v = value_states.reshape(s, q, d)
+        if not self.prefix.identity:
+            new_k, new_v = new_k[self.prefix.perm], new_v[self.prefix.perm]
         need = self.tail_len + q
         capacity = 0 if self.tail_keys is None else int(self.tail_keys.shape[1])
         if need > capacity:
-            new_capacity = need + max(MIN_GROWTH, need // 8)
-            grown_k = torch.empty(s, new_capacity, d, dtype=self.dtype, device=self.device)
-            grown_v = torch.empty_like(grown_k)
-            if self.tail_keys is not None and self.tail_values is not None:
-                grown_k[:, : self.tail_len] = self.tail_keys[:, : self.tail_len]
-                grown_v[:, : self.tail_len] = self.tail_values[:, : self.tail_len]
-            self.tail_keys, self.tail_values = grown_k, grown_v
+            self._grow_tail(need + max(MIN_GROWTH, need // 8))
         assert self.tail_keys is not None and self.tail_values is not None
         self.tail_keys[:, self.tail_len : need] = new_k
         self.tail_values[:, self.tail_len : need] = new_v
         self.tail_len = need
+
+    def _fusable(self) -> bool:
+        prefix = self.prefix
+        return prefix is not None and self.owns_prefix and prefix.identity and len(prefix.tiers) == 1
+
+    def _grow_tail(self, capacity: int) -> None:
+        """Reallocate the tail with room for ``capacity`` entries per segment (contents kept)."""
+        assert self.prefix is not None
+        s, d = self.batch_size * self.num_kv_heads, self.head_dim
+        if self._fusable():
+            tier = self.prefix.tiers[0]
+            width = int(tier.keys.shape[1])
+            grown_k = torch.empty(s, width + capacity, d, dtype=self.dtype, device=self.device)
+            grown_v = torch.empty_like(grown_k)
+            grown_k[:, :width], grown_v[:, :width] = tier.keys, tier.values
+            # a new prefix object: forks made earlier keep theirs (the old tensors stay valid)
+            self.prefix = dataclasses.replace(self.prefix, tiers=[Tier(grown_k[:, :width], grown_v[:, :width])])
+            self.fused = (grown_k, grown_v)
+            tail_k, tail_v = grown_k[:, width:], grown_v[:, width:]
+        else:
+            tail_k = torch.empty(s, capacity, d, dtype=self.dtype, device=self.device)
+            tail_v = torch.empty_like(tail_k)
+        if self.tail_keys is not None and self.tail_values is not None and self.tail_len:
+            tail_k[:, : self.tail_len] = self.tail_keys[:, : self.tail_len]
+            tail_v[:, : self.tail_len] = self.tail_values[:, : self.tail_len]
+        self.tail_keys, self.tail_values = tail_k, tail_v
 
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
         """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
@@ -165,35 +209,65 @@ class CompressedLayer(CacheLayerMixin):
         b, h_q, q, d = query.shape
         h = self.num_kv_heads
         g = h_q // h
-        perm = self.prefix.perm
-        q_sorted = query.reshape(b * h, g * q, d)[perm]
+        prefix = self.prefix
+        q_sorted = query.reshape(b * h, g * q, d)
+        if not prefix.identity:
+            q_sorted = q_sorted[prefix.perm]
         t = self.tail_len
         tail_mask = None
         if t > 0:
             tail_mask = self._tail_mask(attention_mask, b, g, q, t)
-            if tail_mask is not None:
-                tail_mask = tail_mask[perm]
+            if tail_mask is not None and not prefix.identity:
+                tail_mask = tail_mask[prefix.perm]
         assert self.tail_keys is not None or t == 0
+        if self.fused is not None:
+            return self._attend_fused(query, tail_mask, scaling)
         out = ragged_attention(
             q_sorted,
-            self.prefix.tiers,
+            prefix.tiers,
             None if self.tail_keys is None else self.tail_keys[:, :t],
             None if self.tail_values is None else self.tail_values[:, :t],
             tail_mask,
             scaling,
         )
-        out = out[self.prefix.inv_perm].view(b, h, g, q, d).reshape(b, h_q, q, d)
-        return out.transpose(1, 2)
+        if not prefix.identity:
+            out = out[prefix.inv_perm]
+        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
+
+    def _attend_fused(self, query: torch.Tensor, tail_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """Uniform layers: one sdpa call over the prefix and tail held in one buffer."""
+        assert self.fused is not None and self.prefix is not None
+        b, h_q, q, d = query.shape
+        h = self.num_kv_heads
+        g = h_q // h
+        width = int(self.prefix.tiers[0].keys.shape[1])
+        total = width + self.tail_len
+        keys = self.fused[0].view(b, h, -1, d)[:, :, :total]
+        values = self.fused[1].view(b, h, -1, d)[:, :, :total]
+        mask = None
+        if tail_mask is not None:
+            prefix_cols = torch.ones(b * h, g * q, width, dtype=torch.bool, device=query.device)
+            mask = torch.cat([prefix_cols, tail_mask], dim=-1).view(b, h, g * q, total)
+        out = F.scaled_dot_product_attention(
+            query.reshape(b, h, g * q, d), keys, values, attn_mask=mask, scale=scaling
+        )  # (B, H_kv, G*q, d)
+        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
-        """(S, G*q, t) bool over the tail, from the model's 4D mask (causal and padding)."""
+        """(S, G*q, t) bool over the tail, from the model's 4D mask (causal and padding).
+
+        No device synchronisation: a single-token step over a tail that never received a
+        multi-token append (so no padding) needs no mask; otherwise the model's mask is used.
+        """
         h = self.num_kv_heads
         if attention_mask is not None:
+            if q == 1 and not self.tail_may_have_padding:
+                return None
+            if q > 1:
+                self.tail_may_have_padding = True  # a padded question may have been appended
             cols = attention_mask[:, 0, -q:, self.prefix_len : self.prefix_len + t]
             if cols.dtype != torch.bool:
                 cols = cols == 0
-            if bool(cols.all()):
-                return None
         elif q == 1:
             return None
         else:

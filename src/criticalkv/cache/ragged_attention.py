@@ -1,23 +1,16 @@
-"""Decode-time attention over a ragged prefix plus a dense tail, merged by online softmax."""
+"""Decode-time attention over a ragged prefix plus a dense tail, with one softmax.
+
+The scores of every tier and of the tail are written side by side into one (S, Q, total)
+buffer (``-inf`` where a segment has no entries), softmaxed once in float32, and each block's
+probabilities multiply its values. The buffer is per query row, so its size is
+``S * Q * (longest segment + tail)`` floats: small next to the keys and values read.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from criticalkv.cache.tiers import Tier
-
-
-def _merge(m: torch.Tensor, lse: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor) -> None:
-    """Fold one block of ``scores`` (n, q, L) and ``values`` (n, L, d) into the running
-    max ``m`` (n, q), normaliser ``lse`` (n, q) and output ``acc`` (n, q, d), in place."""
-    block_max = scores.amax(dim=-1)
-    new_m = torch.maximum(m, block_max)
-    new_m = torch.where(torch.isfinite(new_m), new_m, torch.zeros_like(new_m))
-    p = torch.exp(scores - new_m[..., None])
-    rescale = torch.exp(m - new_m)
-    lse.mul_(rescale).add_(p.sum(-1))
-    acc.mul_(rescale[..., None]).add_(torch.matmul(p.to(values.dtype), values).float())
-    m.copy_(new_m)
 
 
 def ragged_attention(
@@ -43,16 +36,32 @@ def ragged_attention(
     (S, Q, d) in ``query.dtype``.
     """
     s, nq, d = query.shape
-    m = torch.full((s, nq), float("-inf"), dtype=torch.float32, device=query.device)
-    lse = torch.zeros((s, nq), dtype=torch.float32, device=query.device)
-    acc = torch.zeros((s, nq, d), dtype=torch.float32, device=query.device)
-    for tier in tiers:
+    tail = 0 if tail_keys is None or tail_values is None else int(tail_keys.shape[1])
+    widths = [int(tier.keys.shape[1]) for tier in tiers]
+    total = sum(widths) + tail
+    q = query * scaling
+    scores = torch.full((s, nq, total), float("-inf"), dtype=torch.float32, device=query.device)
+    offset = 0
+    for tier, width in zip(tiers, widths, strict=True):
         n = tier.num_segments
-        scores = torch.matmul(query[:n], tier.keys.transpose(1, 2)).float() * scaling
-        _merge(m[:n], lse[:n], acc[:n], scores, tier.values)
-    if tail_keys is not None and tail_values is not None and tail_keys.shape[1] > 0:
-        scores = torch.matmul(query, tail_keys.transpose(1, 2)).float() * scaling
+        scores[:n, :, offset : offset + width] = torch.matmul(q[:n], tier.keys.transpose(1, 2))
+        offset += width
+    if tail:
+        assert tail_keys is not None
+        block = torch.matmul(q, tail_keys.transpose(1, 2)).float()
         if tail_mask is not None:
-            scores = scores.masked_fill(~tail_mask, float("-inf"))
-        _merge(m, lse, acc, scores, tail_values)
-    return (acc / lse[..., None]).to(query.dtype)
+            block = block.masked_fill(~tail_mask, float("-inf"))
+        scores[:, :, offset:] = block
+    probs = torch.softmax(scores, dim=-1)
+    if probs.dtype != query.dtype:
+        probs = probs.to(query.dtype)
+    out = torch.zeros((s, nq, d), dtype=torch.float32, device=query.device)
+    offset = 0
+    for tier, width in zip(tiers, widths, strict=True):
+        n = tier.num_segments
+        out[:n] += torch.matmul(probs[:n, :, offset : offset + width], tier.values)
+        offset += width
+    if tail:
+        assert tail_values is not None
+        out += torch.matmul(probs[:, :, offset:], tail_values)
+    return out.to(query.dtype)

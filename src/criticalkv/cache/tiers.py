@@ -41,6 +41,7 @@ class RaggedPrefix:
     perm: torch.Tensor  # (S,) int64
     inv_perm: torch.Tensor  # (S,) int64
     lengths: torch.Tensor  # (S,) int64
+    identity: bool = False  # ``perm`` is the identity (equal lengths): no reordering needed
 
     @property
     def num_entries(self) -> int:
@@ -83,4 +84,4 @@ def build_prefix(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -
         cols = positions[rows[:, 0], previous:level]
         tiers.append(Tier(keys_s[rows, cols].contiguous(), values_s[rows, cols].contiguous()))
         previous = level
-    return RaggedPrefix(tiers, perm, inv_perm, lengths)
+    return RaggedPrefix(tiers, perm, inv_perm, lengths, identity=len(levels) <= 1)

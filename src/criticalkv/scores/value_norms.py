@@ -2,7 +2,44 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+logger = logging.getLogger(__name__)
+
+#: precisions the projection can be computed in; ``"auto"`` is resolved by :func:`norm_dtype`
+NORM_PRECISIONS = ("auto", "exact", "float32", "bfloat16", "float16")
+
+_CPU_CHUNK_BYTES = 1 << 20  # the (…, chunk, G*D) temporary stays in the L2 cache
+_DEVICE_CHUNK_BYTES = 1 << 26  # on accelerators fewer, larger launches are faster
+
+
+def _cpu_has_native_bf16() -> bool:
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def norm_dtype(precision: str, values: torch.Tensor) -> torch.dtype:
+    """The dtype the projection runs in.
+
+    ``"exact"``: the values' own dtype (float32 for a float32 model). ``"auto"``: half-precision
+    values keep their dtype (as the released code computes in the model's dtype); float32 values
+    are projected in bfloat16 where the hardware multiplies bfloat16 natively (CUDA, CPUs with
+    AVX512-BF16 or AMX), with float32 accumulation, else in float32. The norm's relative error in
+    bfloat16 is about 2^-8; it only reorders near-ties (see docs/results/performance.md).
+    """
+    if precision not in NORM_PRECISIONS:
+        raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {precision!r}")
+    if precision == "exact":
+        return values.dtype
+    if precision != "auto":
+        dtype: torch.dtype = getattr(torch, precision)
+        return dtype
+    if values.dtype != torch.float32:
+        return values.dtype
+    native = values.device.type == "cuda" or (values.device.type == "cpu" and _cpu_has_native_bf16())
+    return torch.bfloat16 if native else torch.float32
 
 
 def projected_value_norms(
@@ -10,19 +47,22 @@ def projected_value_norms(
     o_proj_weight: torch.Tensor,
     *,
     p: int = 1,
-    max_chunk_bytes: int = 1 << 25,
+    precision: str = "exact",
+    max_chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """Norm of each value row projected through its heads' slice of ``W_O``, GQA group mean.
 
     ``n_i^h = ||V_i @ W_O^h||_p`` with ``W_O^h = o_proj.weight[:, h*d:(h+1)*d].T``; the result
     is averaged over the ``G`` query heads that share each KV head, as the released code does.
+    One matmul per sequence chunk covers every head: (B, H_kv, c, d) @ (H_kv, d, G*D).
 
     Parameters
     ----------
     values : (B, H_kv, T, d)
     o_proj_weight : (D, H_q * d), the output projection's weight.
     p : 1 (the paper) or 2.
-    max_chunk_bytes : bound on the (…, T_chunk, D) temporary; the sequence is processed in chunks.
+    precision : see :func:`norm_dtype` (``"exact"`` by default here; the selection uses ``"auto"``).
+    max_chunk_bytes : bound on the (B, H_kv, c, G*D) temporary (default: cache-sized on CPU).
 
     Returns
     -------
@@ -39,14 +79,22 @@ def projected_value_norms(
             f"{h_kv} KV heads of size {d}"
         )
     g = h_q // h_kv
-    # (D, H_q*d) -> (H_kv, G, d, D)
-    w_o = o_proj_weight.to(values.dtype).view(hidden, h_kv, g, d).permute(1, 2, 3, 0)
-    per_token = b * h_q * hidden * values.element_size()
+    dtype = norm_dtype(precision, values)
+    # (D, H_q*d) -> (H_kv, d, G*D): column block j of head group k is W_O^{k*G + j}
+    w_o = o_proj_weight.to(dtype).view(hidden, h_kv, g, d).permute(1, 3, 2, 0).reshape(h_kv, d, g * hidden)
+    w_o = w_o.contiguous()
+    v = values.to(dtype)
+    if max_chunk_bytes is None:
+        max_chunk_bytes = _CPU_CHUNK_BYTES if values.device.type == "cpu" else _DEVICE_CHUNK_BYTES
+    per_token = b * h_kv * g * hidden * torch.empty((), dtype=dtype).element_size()
     chunk = max(1, max_chunk_bytes // max(per_token, 1))
     out = torch.empty(b, h_kv, t, dtype=torch.float32, device=values.device)
     for start in range(0, t, chunk):
-        v = values[:, :, None, start : start + chunk, :]  # (B, H_kv, 1, c, d)
-        projected = torch.matmul(v, w_o[None])  # (B, H_kv, G, c, D)
-        norms = projected.abs().sum(-1, dtype=torch.float32) if p == 1 else projected.float().norm(dim=-1)
-        out[:, :, start : start + chunk] = norms.mean(dim=2)
+        projected = torch.matmul(v[:, :, start : start + chunk], w_o)  # (B, H_kv, c, G*D)
+        if p == 1:
+            norms = projected.abs_().sum(-1, dtype=torch.float32) / g
+        else:
+            c = projected.shape[2]
+            norms = projected.view(b, h_kv, c, g, hidden).float().norm(dim=-1).mean(-1)
+        out[:, :, start : start + chunk] = norms
     return out

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.scores.value_norms import projected_value_norms
+from criticalkv.scores.value_norms import NORM_PRECISIONS, norm_dtype, projected_value_norms
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
 
@@ -22,11 +22,16 @@ class Critical:
     alpha : share of the budget chosen by attention alone (0.5 in the paper).
     eps : added to the attention before weighting by the norm (1e-4 in the released code).
     p : norm of the projected values, 1 (paper) or 2.
+    precision : dtype of the projection ``V W_O`` (see :func:`~criticalkv.scores.value_norms.norm_dtype`):
+        ``"auto"`` (bfloat16 for float32 values where the hardware has native bfloat16, as the
+        released code computes in the model's half precision on GPU), ``"exact"`` (the values'
+        dtype), or an explicit ``"float32"`` / ``"bfloat16"`` / ``"float16"``.
     """
 
     alpha: float = 0.5
     eps: float = 1e-4
     p: int = 1
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -35,11 +40,17 @@ class Critical:
             raise ValueError(f"eps must be >= 0, not {self.eps}")
         if self.p not in (1, 2):
             raise ValueError(f"p must be 1 or 2, not {self.p}")
+        if self.precision not in NORM_PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.precision!r}")
 
     def norms(self, state: LayerState) -> torch.Tensor:
         """(B, H_kv, T) projected value norms, GQA group mean."""
         weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
-        return state.remember(("value_norms", self.p), lambda: projected_value_norms(state.values, weight, p=self.p))
+        dtype = norm_dtype(self.precision, state.values)
+        return state.remember(
+            ("value_norms", self.p, dtype),
+            lambda: projected_value_norms(state.values, weight, p=self.p, precision=str(dtype).removeprefix("torch.")),
+        )
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:
         w = state.window

@@ -1,0 +1,39 @@
+"""Greedy decoding steps timed on any cache (ours, transformers' or kvpress's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from criticalkv.bench.measure import now
+from criticalkv.compat import cache_argument
+
+
+@torch.no_grad()
+def timed_decode(model: Any, cache: Any, first_token: torch.Tensor, context_tokens: int, steps: int) -> float:
+    """Decode ``steps`` greedy tokens after one untimed warm-up step; mean seconds per step.
+
+    ``first_token`` is (B,) the argmax after the prompt; every row has ``context_tokens``
+    prompt tokens (no padding), so positions continue at ``context_tokens``.
+    """
+    if steps < 1:
+        raise ValueError("decode steps must be at least 1")
+    device = first_token.device
+    batch = int(first_token.shape[0])
+    token = first_token.view(batch, 1)
+    start = 0.0
+    for step in range(steps + 1):
+        if step == 1:
+            start = now(device)
+        position = context_tokens + step
+        mask = torch.ones(batch, position + 1, dtype=torch.long, device=device)
+        out = model(
+            input_ids=token,
+            attention_mask=mask,
+            position_ids=torch.full((batch, 1), position, dtype=torch.long, device=device),
+            **cache_argument(model, cache),
+            use_cache=True,
+        )
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    return (now(device) - start) / steps

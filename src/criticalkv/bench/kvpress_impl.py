@@ -1,0 +1,126 @@
+"""The same measurements through NVIDIA's kvpress (an optional benchmark dependency).
+
+kvpress 0.5.5 requires transformers < 5.3; install it with ``pip install criticalkv[bench]``
+(which pins a compatible transformers) to compare. kvpress realises head-varying budgets
+(AdaKV, CriticalAdaKV) by masking: the cache keeps every entry and decoding overwrites the
+evicted keys with a fake key at every step; uniform presses (SnapKV, CriticalKV, ...) shrink
+the cache physically.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from criticalkv.bench.decode import timed_decode
+from criticalkv.bench.measure import now, reset_peak_memory, synchronize
+from criticalkv.bench.ours import dynamic_cache_bytes
+from criticalkv.bench.record import BenchRecord, measured
+
+logger = logging.getLogger(__name__)
+
+#: our method names -> a factory of the equivalent kvpress press (compression ratio, window)
+KVPRESS_METHODS: dict[str, Callable[[Any, float, int], Any]] = {
+    "snapkv": lambda kp, ratio, window: kp.SnapKVPress(compression_ratio=ratio, window_size=window),
+    "adakv": lambda kp, ratio, window: kp.AdaKVPress(kp.SnapKVPress(compression_ratio=ratio, window_size=window)),
+    "critical-snapkv": lambda kp, ratio, window: kp.CriticalKVPress(
+        kp.SnapKVPress(compression_ratio=ratio, window_size=window)
+    ),
+    "critical-adakv": lambda kp, ratio, window: kp.CriticalAdaKVPress(
+        kp.SnapKVPress(compression_ratio=ratio, window_size=window)
+    ),
+    "pyramidkv": lambda kp, ratio, window: kp.PyramidKVPress(compression_ratio=ratio, window_size=window),
+    "streamingllm": lambda kp, ratio, window: kp.StreamingLLMPress(compression_ratio=ratio),
+    "knorm": lambda kp, ratio, window: kp.KnormPress(compression_ratio=ratio),
+}
+
+
+def import_kvpress() -> Any:
+    """The ``kvpress`` module, or ``None`` (with the reason logged) if it cannot be imported."""
+    try:
+        import kvpress
+    except Exception as err:  # ImportError, or a transformers version kvpress does not support
+        logger.info("kvpress is not available (%s); pip install 'criticalkv[bench]' to compare with it", err)
+        return None
+    return kvpress
+
+
+def kvpress_supports(method: str) -> bool:
+    return method in KVPRESS_METHODS
+
+
+def _timed(compress: Callable[..., Any], total: list[float], device: torch.device) -> Callable[..., Any]:
+    @functools.wraps(compress)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        synchronize(device)
+        started = time.perf_counter()
+        result = compress(*args, **kwargs)
+        synchronize(device)
+        total[0] += time.perf_counter() - started
+        return result
+
+    return wrapper
+
+
+def _clear_masks(model: Any) -> None:
+    """Drop head-wise masks a previous kvpress run left on the attention modules."""
+    for module in model.modules():
+        if hasattr(module, "masked_key_indices"):
+            module.masked_key_indices = None
+
+
+@torch.no_grad()
+def measure_kvpress(
+    kvpress: Any, model: Any, ids: torch.Tensor, method: str, budget: float, window: int, decode_tokens: int
+) -> BenchRecord:
+    """Prefill under kvpress's press for ``method`` at ``budget`` (kept fraction), then decode.
+
+    ``model`` must be a plain (sdpa) model, not one attached to criticalkv.
+    """
+    if method not in KVPRESS_METHODS:
+        raise ValueError(f"kvpress has no equivalent of {method!r}; it has: {', '.join(KVPRESS_METHODS)}")
+    if not 0.0 < budget <= 1.0:
+        raise ValueError(f"kvpress takes budgets as fractions in (0, 1], not {budget}")
+    device = ids.device
+    batch, length = ids.shape
+    press = KVPRESS_METHODS[method](kvpress, 1.0 - budget, window)
+    spent = [0.0]
+    press.compress = _timed(press.compress, spent, device)
+    _clear_masks(model)
+    reset_peak_memory(device)
+    cache = DynamicCache(config=model.config)
+    start = now(device)
+    with press(model):
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, logits_to_keep=1)
+    first = out.logits[:, -1].argmax(-1)
+    ttft = now(device) - start
+    kv = dynamic_cache_bytes(cache)
+    entry = 2 * _kv_width(model) * next(model.parameters()).element_size()
+    kv_full = model.config.num_hidden_layers * batch * length * entry
+    step_s = timed_decode(model, cache, first, length, decode_tokens)
+    _clear_masks(model)
+    return measured(
+        "kvpress",
+        method,
+        ids,
+        budget,
+        ttft_s=ttft,
+        compress_s=spent[0],
+        step_s=step_s,
+        decode_tokens=decode_tokens,
+        kv_bytes=kv,
+        kv_bytes_full=kv_full,
+    )
+
+
+def _kv_width(model: Any) -> int:
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(heads) * int(head_dim)

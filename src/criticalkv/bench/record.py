@@ -1,0 +1,85 @@
+"""One benchmark measurement."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from criticalkv.bench.measure import peak_device_bytes, peak_rss_bytes
+
+
+@dataclass
+class BenchRecord:
+    """The measurements of one (implementation, method, context length, budget, batch size).
+
+    ``impl`` is ``"criticalkv"`` or ``"kvpress"``; ``method`` uses criticalkv's names (``full``
+    is transformers' own dynamic cache with sdpa attention, the reference). Times are seconds
+    except ``decode_ms_per_token`` (milliseconds per decoding step, all batch rows together).
+    ``prefill_s`` is the prompt's forward pass without the compression (``ttft_s - compress_s``);
+    ``kv_bytes`` is what the cache holds right after compression, ``kv_bytes_full`` what the
+    full cache holds for the same prompt; ``peak_rss_bytes`` the process's peak resident memory
+    during this measurement (prefill, compression and decode).
+    """
+
+    impl: str
+    method: str
+    context_tokens: int
+    budget: float
+    batch_size: int
+    prefill_s: float
+    compress_s: float
+    ttft_s: float
+    decode_ms_per_token: float
+    decode_tokens: int
+    tokens_per_s: float
+    kv_bytes: int
+    kv_bytes_full: int
+    peak_rss_bytes: int | None
+    peak_device_bytes: int | None
+    device: str
+
+    @property
+    def kv_ratio(self) -> float:
+        return self.kv_bytes / self.kv_bytes_full if self.kv_bytes_full else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kv_ratio"] = self.kv_ratio
+        return data
+
+
+def measured(
+    impl: str,
+    method: str,
+    ids: torch.Tensor,
+    budget: float,
+    *,
+    ttft_s: float,
+    compress_s: float,
+    step_s: float,
+    decode_tokens: int,
+    kv_bytes: int,
+    kv_bytes_full: int,
+) -> BenchRecord:
+    """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now)."""
+    batch, length = ids.shape
+    return BenchRecord(
+        impl=impl,
+        method=method,
+        context_tokens=int(length),
+        budget=float(budget),
+        batch_size=int(batch),
+        prefill_s=ttft_s - compress_s,
+        compress_s=compress_s,
+        ttft_s=ttft_s,
+        decode_ms_per_token=step_s * 1e3,
+        decode_tokens=decode_tokens,
+        tokens_per_s=batch / step_s,
+        kv_bytes=kv_bytes,
+        kv_bytes_full=kv_bytes_full,
+        peak_rss_bytes=peak_rss_bytes(),
+        peak_device_bytes=peak_device_bytes(ids.device),
+        device=str(ids.device),
+    )

@@ -1,0 +1,129 @@
+"""Tables and plots of benchmark records: ratios against the full cache and overhead over the base method."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MB = 1e6
+
+
+def _key(r: dict[str, Any], **changes: Any) -> tuple[Any, ...]:
+    d = {**r, **changes}
+    return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"])
+
+
+def base_method(method: str) -> str | None:
+    """``critical-adakv`` -> ``adakv``: the method a Critical variant adds its selection to."""
+    return method.removeprefix("critical-") if method.startswith("critical-") else None
+
+
+def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records with ratios: decode speed-up over the full cache (same length and batch), over
+    kvpress's same method, and the Critical selection's extra time over its base, as a share
+    of the prefill."""
+    index = {_key(r): r for r in records}
+    out = []
+    for r in records:
+        row = dict(r)
+        full = index.get(("criticalkv", "full", r["context_tokens"], 1.0, r["batch_size"]))
+        row["decode_speedup_vs_full"] = (
+            full["decode_ms_per_token"] / r["decode_ms_per_token"] if full and r["decode_ms_per_token"] else None
+        )
+        other = index.get(_key(r, impl="kvpress")) if r["impl"] == "criticalkv" else None
+        row["decode_speedup_vs_kvpress"] = (
+            other["decode_ms_per_token"] / r["decode_ms_per_token"] if other and r["decode_ms_per_token"] else None
+        )
+        base = base_method(r["method"])
+        base_row = index.get(_key(r, method=base)) if base else None
+        row["critical_overhead"] = (
+            (r["compress_s"] - base_row["compress_s"]) / r["prefill_s"] if base_row and r["prefill_s"] > 0 else None
+        )
+        out.append(row)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def format_table(records: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table, one line per record."""
+    header = (
+        f"{'impl':<10} {'method':<16} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
+        f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} "
+        f"{'KV MB':>7} {'KV ratio':>8} {'peak MB':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in derived(records):
+        overhead = r["critical_overhead"]
+        rss = r.get("peak_rss_bytes")
+        share = "-" if overhead is None else f"{100 * overhead:.2f}%"
+        vs_full = _ratio(r["decode_speedup_vs_full"])
+        vs_kvpress = _ratio(r["decode_speedup_vs_kvpress"])
+        lines.append(
+            f"{r['impl']:<10} {r['method']:<16} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
+            f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} "
+            f"{share:>8} "
+            f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
+            f"{vs_full:>7} {vs_kvpress:>6} "
+            f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {_fmt(None if rss is None else rss / MB, '>8.0f')}"
+        )
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """Decode ms/token vs context length per (impl, method) at batch 1 and the first budget, and
+    bars of compression time as a share of the prefill."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in derived(records) if r["batch_size"] == min(x["batch_size"] for x in records)]
+    budgets = sorted({r["budget"] for r in rows if r["method"] != "full"})
+    shown = 0.2 if 0.2 in budgets else (budgets[0] if budgets else 1.0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["method"] == "full" or r["budget"] == shown:
+            series.setdefault((r["impl"], r["method"]), []).append((r["context_tokens"], r["decode_ms_per_token"]))
+    for (impl, method), points in sorted(series.items()):
+        points.sort()
+        style = "--" if impl == "kvpress" else "-"
+        label = method if impl == "criticalkv" else f"{method} (kvpress)"
+        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
+    left.set_xlabel("context tokens")
+    left.set_ylabel("decode ms / token")
+    left.set_title(f"decode latency (budget {shown:g}; full = no eviction)")
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    bars = [r for r in rows if r["method"] != "full" and r["budget"] == shown]
+    lengths = sorted({r["context_tokens"] for r in bars})
+    names = sorted({(r["impl"], r["method"]) for r in bars})
+    width = 0.8 / max(len(names), 1)
+    for i, (impl, method) in enumerate(names):
+        values = []
+        for n in lengths:
+            match = [r for r in bars if (r["impl"], r["method"], r["context_tokens"]) == (impl, method, n)]
+            values.append(100 * match[0]["compress_s"] / match[0]["prefill_s"] if match else 0.0)
+        xs = [j + i * width for j in range(len(lengths))]
+        label = method if impl == "criticalkv" else f"{method} (kvpress)"
+        right.bar(xs, values, width, label=label, hatch="//" if impl == "kvpress" else None)
+    right.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [str(n) for n in lengths])
+    right.set_xlabel("context tokens")
+    right.set_ylabel("compression time, % of prefill")
+    right.set_title("selection overhead")
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3, axis="y")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,87 @@
+"""``criticalkv bench``: prefill, compression, TTFT, decode latency and memory, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
+
+NAME = "bench"
+HELP = "time prefill, compression, decode and memory of methods (and kvpress's, if installed) side by side"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--context-lengths", type=ints_arg, default=[4096], help="prompt lengths in tokens, e.g. 1024,4096")
+    p.add_argument(
+        "--methods",
+        type=methods_arg,
+        default=["snapkv", "critical-snapkv", "adakv", "critical-adakv"],
+        help="comma-separated methods (the full cache is always measured)",
+    )
+    p.add_argument("--budgets", type=budgets_arg, default=[0.2], help="kept fractions or token counts")
+    p.add_argument("--batch-sizes", type=ints_arg, default=[1], help="rows decoded together, e.g. 1,4")
+    p.add_argument("--decode-tokens", type=int, default=32, help="timed decoding steps per run")
+    p.add_argument("--window", type=int, default=32, help="observation window")
+    p.add_argument("--repeats", type=int, default=1, help="measure each run N times and keep the fastest")
+    p.add_argument(
+        "--kvpress",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="compare with kvpress: auto (if importable), on (required), off",
+    )
+    p.add_argument(
+        "--norm-precision",
+        choices=["auto", "exact", "float32", "bfloat16", "float16"],
+        default=None,
+        help="override the Critical selections' value-norm precision (default: each method's own, 'auto')",
+    )
+    p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
+    p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from criticalkv.bench.kvpress_impl import import_kvpress
+    from criticalkv.bench.report import format_table, plot
+    from criticalkv.bench.runner import BenchConfig, load_records, run_bench
+    from criticalkv.models import load_model
+
+    config = BenchConfig(
+        context_lengths=args.context_lengths,
+        methods=args.methods,
+        budgets=args.budgets,
+        batch_sizes=args.batch_sizes,
+        decode_tokens=args.decode_tokens,
+        window=args.window,
+        kvpress=args.kvpress,
+        repeats=args.repeats,
+        norm_precision=args.norm_precision,
+    )
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    config.check_model(model)
+    kvpress_model = None
+    if config.kvpress != "off" and import_kvpress() is not None:
+        kvpress_model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
+    elif config.kvpress == "auto":
+        print("kvpress is not importable: measuring criticalkv only (pip install 'criticalkv[bench]')", file=sys.stderr)
+    records = [r.to_dict() for r in run_bench(config, model, tokenizer, kvpress_model=kvpress_model, out=args.out)]
+    if args.out is not None:
+        records = load_records(args.out / "records.jsonl")  # this run's and any resumed ones
+        (args.out / "results.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    table = format_table(records)
+    title = f"criticalkv bench: {args.model} model, {records[0]['device'] if records else '-'}"
+    if args.out is not None:
+        (args.out / "table.txt").write_text(title + "\n" + table + "\n", encoding="utf-8")
+        png = plot(records, args.out / "bench.png", title)
+    if args.json:
+        print(json.dumps(records))
+        print(table, file=sys.stderr)
+    else:
+        print(title)
+        print(table)
+    if args.out is not None:
+        print(f"plot: {png}  records: {args.out / 'records.jsonl'}", file=sys.stderr if args.json else sys.stdout)
+    return 0
