@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 import criticalkv as ckv
-from criticalkv.budgets import HeadPrior, Pyramid
+from criticalkv.budgets import HeadPrior, LayerJoint, Pyramid
 from criticalkv.cache import CompressedLayer
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, make_tiny, padded_batch
@@ -80,7 +80,7 @@ def test_kv_bytes_follow_kept_entries(
         assert cache.kv_bytes() <= (budget + 0.02) * full
         # every head holds its budget: floor(budget * length) per row on average
         per_row = torch.tensor([int(budget * n) for n in LENGTHS])
-        if isinstance(cache.method.budgets, (Pyramid, HeadPrior)):  # budgets vary by layer: same total
+        if isinstance(cache.method.budgets, (Pyramid, HeadPrior, LayerJoint)):  # vary by layer: same total
             assert torch.equal(kept.sum((0, 2)), kept.shape[0] * layer.num_kv_heads * per_row)
             assert bool((kept >= WINDOW).all())
         else:

@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import criticalkv as ckv
-from criticalkv.budgets import Adaptive, HeadPrior, Pyramid, Uniform
+from criticalkv.budgets import Adaptive, HeadPrior, LayerJoint, Pyramid, Uniform
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.tiers import build_prefix
 from criticalkv.scores import WindowAttention, projected_value_norms
@@ -194,14 +194,16 @@ def check_layer_varying_budgets(method: ckv.Method, budgets: torch.Tensor, case:
 def test_method_keep_mask_invariants(name: str, case: Case) -> None:
     method, state = method_for(name, case.state, seed=int(case.tokens[0]))
     keep = method.keep_mask(state, case.tokens)
-    budgets = method.budgets(masked_scores(method, state), state, case.tokens)
+    # what keep_mask allocates on: the scores, or the selection's ranking of them (DefensiveKV)
+    budgets = method.budgets(method.ranked_scores(state, case.tokens), state, case.tokens)
     h = state.num_kv_heads
     if isinstance(method.budgets, Uniform):
         assert torch.equal(budgets, case.tokens[:, None].expand(-1, h))
     elif isinstance(method.budgets, (Pyramid, HeadPrior)):
         check_layer_varying_budgets(method, budgets, case)
     else:
-        assert isinstance(method.budgets, Adaptive)
+        # adaptive; or joint over layers, here over this layer alone (tests/test_defensive.py: all layers)
+        assert isinstance(method.budgets, (Adaptive, LayerJoint))
         assert torch.equal(budgets.sum(-1), h * case.tokens)
     assert_valid_selection(keep, budgets, state)
 
@@ -213,7 +215,7 @@ def test_method_keep_mask_with_all_scores_tied(name: str, case: Case) -> None:
     """Zero keys give uniform attention and zero values zero norms: ties everywhere."""
     method, state = method_for(name, case.state)
     keep = method.keep_mask(state, case.tokens)
-    budgets = method.budgets(masked_scores(method, state), state, case.tokens)
+    budgets = method.budgets(method.ranked_scores(state, case.tokens), state, case.tokens)
     if isinstance(method.budgets, (Pyramid, HeadPrior)):
         check_layer_varying_budgets(method, budgets, case)
     else:

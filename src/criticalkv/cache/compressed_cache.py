@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,11 @@ def state_from_prefill(
     )
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class CompressedCache(Cache):
     """A KV cache whose prompt is compressed by ``method`` at ``budget``, physically.
 
@@ -84,6 +90,12 @@ class CompressedCache(Cache):
 
     Scores that read more prompt queries than the window (``queries_needed``, e.g. H2O's) get
     them: the layer state handed to the method keeps as many as they declare.
+
+    Methods whose budgets span layers (``layer-defensivekv``, :attr:`Method.cross_layer`) cannot
+    select a layer before every layer's scores are known: the cache keeps each layer's prefill
+    state (its full keys and values) until the last layer's, then selects over all layers jointly
+    and compresses them all. During such a prefill the whole uncompressed prompt cache is held,
+    as in the released code; the memory saving starts when the prefill ends.
     """
 
     def __init__(
@@ -101,6 +113,12 @@ class CompressedCache(Cache):
         self.num_layers = num_layers
         self.real_prompt_tokens: torch.Tensor | None = None
         self._budget_tokens: torch.Tensor | None = None
+        #: cross-layer methods: the layers seen so far in this prefill, compressed after the last one
+        self._deferred: dict[int, tuple[CompressedLayer, LayerState]] = {}
+        #: seconds spent selecting and storing kept entries (all layers); with ``synchronize_timing``
+        #: the device is synchronised around each layer so the time is exact on CUDA (benchmarks only)
+        self.compress_seconds = 0.0
+        self.synchronize_timing = False
         layers = [CompressedLayer(i, on_prefill=self._compress_layer) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
 
@@ -167,6 +185,9 @@ class CompressedCache(Cache):
             num_layers=self.num_layers,
             num_queries=resolve_num_queries(self.queries_needed, query.shape[2]),
         )
+        if self.method.cross_layer and state.queries.shape[2] < query.shape[2]:
+            # held until the last layer: a copy of the few queries kept frees the prefill's full query tensor
+            state = LayerState(**{**state.__dict__, "queries": state.queries.clone()})
         self._compress_state(layer, state)
 
     @property
@@ -175,6 +196,15 @@ class CompressedCache(Cache):
         return queries_needed(self.method.scores)
 
     def _compress_state(self, layer: CompressedLayer, state: LayerState) -> None:
+        if self.synchronize_timing:
+            _synchronize(state.keys.device)
+        started = time.perf_counter()
+        self._select_and_store(layer, state)
+        if self.synchronize_timing:
+            _synchronize(state.keys.device)
+        self.compress_seconds += time.perf_counter() - started
+
+    def _select_and_store(self, layer: CompressedLayer, state: LayerState) -> None:
         if needs_head_scores(self.method) or self._head_scores is not None:
             # bound once, for the model the attention module belongs to
             self.method = bind_head_scores(self.method, getattr(state.module, "config", None), self._head_scores)
@@ -182,8 +212,23 @@ class CompressedCache(Cache):
         if self._budget_tokens is None or self._budget_tokens.shape[0] != state.batch_size:
             self.real_prompt_tokens = state.lengths
             self._budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
+        if self.method.cross_layer:
+            self._deferred[layer.layer_idx] = (layer, state)
+            if len(self._deferred) == self.num_layers:
+                self._compress_jointly()
+            return
         keep = self.method.keep_mask(state, self._budget_tokens)
         layer.set_prefix(state.keys, state.values, keep)
+
+    def _compress_jointly(self) -> None:
+        """Select over every deferred layer at once (cross-layer budgets), then store each layer."""
+        assert self._budget_tokens is not None
+        pairs = [self._deferred[i] for i in sorted(self._deferred)]
+        self._deferred = {}
+        keeps = self.method.keep_masks([state for _, state in pairs], self._budget_tokens)
+        for (layer, state), keep in zip(pairs, keeps, strict=True):
+            layer.set_prefix(state.keys, state.values, keep)
+        logger.debug("%s: compressed %d layers jointly", self.method.name, len(pairs))
 
     # --- reuse -----------------------------------------------------------------------------------
     def fork(self) -> CompressedCache:
@@ -204,6 +249,7 @@ class CompressedCache(Cache):
                 mine.head_dim,
             )
             theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True
+            theirs.owns_prefix = False  # shared read-only: appends go to the clone's own tail
         return clone
 
     # --- accounting ------------------------------------------------------------------------------

@@ -19,9 +19,10 @@ from criticalkv.state import LayerState
 
 
 def keep_masks(states: Sequence[LayerState], method: Method, budget: Budget) -> list[torch.Tensor]:
-    """Per layer, the (B, H_kv, T) keep mask ``method`` chooses at ``budget``."""
+    """Per layer, the (B, H_kv, T) keep mask ``method`` chooses at ``budget`` (jointly over the
+    layers for cross-layer budgets, see :meth:`Method.keep_masks`)."""
     tokens = resolve_budget(budget, states[0].lengths, states[0].window)
-    return [method.keep_mask(state, tokens) for state in states]
+    return method.keep_masks(states, tokens)
 
 
 def stacked_cache(

@@ -2,6 +2,7 @@
 
 from criticalkv.scores.accumulated_attention import AccumulatedAttention
 from criticalkv.scores.base import Scorer
+from criticalkv.scores.defensive_aggregation import DefensiveAggregation
 from criticalkv.scores.key_norm import KeyNorm
 from criticalkv.scores.positional import SinksAndRecent
 from criticalkv.scores.queries import ALL_QUERIES, queries_needed
@@ -11,6 +12,7 @@ from criticalkv.scores.window_attention import WindowAttention
 __all__ = [
     "ALL_QUERIES",
     "AccumulatedAttention",
+    "DefensiveAggregation",
     "KeyNorm",
     "Scorer",
     "SinksAndRecent",

@@ -14,6 +14,12 @@ class Selector(Protocol):
     ``True`` per head, the observation window always among them.
 
     ``scores`` is (B, H_kv, T) with ``-inf`` where an entry cannot be chosen.
+
+    A selection whose order of preference is more than the scores (DefensiveKV's adaptive stage
+    1, then attention x value norm) also defines ``rank(scores, state, budget) -> (B, H_kv, T)``
+    (``budget``: the (B,) entries per head on average). :meth:`criticalkv.methods.Method.keep_mask`
+    then allocates the budgets on that ranking and passes the ranking to the selection in place
+    of the scores.
     """
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor: ...
