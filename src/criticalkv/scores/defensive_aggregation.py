@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from criticalkv.scores.window_attention import window_attention_rows
 from criticalkv.state import LayerState
 
 
@@ -51,16 +52,8 @@ class DefensiveAggregation:
 
     def per_query_attention(self, state: LayerState) -> torch.Tensor:
         """(B, H_kv, G, w, T - w) pooled attention of each window query on the non-window entries."""
-        b, h_kv, t, d = state.keys.shape
-        w, g = state.window, state.group_size
-        body = t - w
-        q = state.queries[:, :, -w:, :].reshape(b, h_kv, g * w, d)
-        logits = torch.matmul(q, state.keys.transpose(-1, -2)).float() * state.scaling
-        logits = logits.view(b, h_kv, g, w, t)
-        cols = torch.arange(t, device=logits.device)
-        rows = torch.arange(t - w, t, device=logits.device)
-        allowed = (cols[None, :] <= rows[:, None])[None, None, None] & state.valid[:, None, None, None, :]
-        weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)[..., :body]
+        body = state.seq_len - state.window
+        weights = window_attention_rows(state)[..., :body]
         if self.kernel == 1 or body == 0:
             return weights
         real = state.valid[:, None, None, None, :body]

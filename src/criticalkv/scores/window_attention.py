@@ -11,6 +11,20 @@ import torch.nn.functional as F
 from criticalkv.state import LayerState
 
 
+def window_attention_rows(state: LayerState) -> torch.Tensor:
+    """(B, H_kv, G, w, T) float32 attention of each window query over every key: causal inside
+    the window (window query ``j`` sits at column ``T - w + j``), padding masked."""
+    b, h_kv, t, d = state.keys.shape
+    w, g = state.window, state.group_size
+    q = state.queries[:, :, -w:, :].reshape(b, h_kv, g * w, d)
+    logits = torch.matmul(q, state.keys.transpose(-1, -2)).float() * state.scaling
+    logits = logits.view(b, h_kv, g, w, t)
+    cols = torch.arange(t, device=logits.device)
+    rows = torch.arange(t - w, t, device=logits.device)
+    allowed = (cols[None, :] <= rows[:, None])[None, None, None] & state.valid[:, None, None, None, :]
+    return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
 @dataclass(frozen=True)
 class WindowAttention:
     """Attention of the last ``window`` queries, averaged over them, pooled, GQA group mean.
@@ -37,18 +51,9 @@ class WindowAttention:
 
     def attention(self, state: LayerState) -> torch.Tensor:
         """(B, H_q, T) window-averaged attention per query head, before pooling."""
-        b, h_kv, t, d = state.keys.shape
-        w, g = state.window, state.group_size
-        q = state.queries[:, :, -w:, :].reshape(b, h_kv, g * w, d)
-        logits = torch.matmul(q, state.keys.transpose(-1, -2)).float() * state.scaling
-        logits = logits.view(b, h_kv, g, w, t)
-        # causal inside the window: window query j sits at column t - w + j
-        cols = torch.arange(t, device=logits.device)
-        rows = torch.arange(t - w, t, device=logits.device)
-        allowed = (cols[None, :] <= rows[:, None])[None, None, None] & state.valid[:, None, None, None, :]
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(logits, dim=-1).mean(dim=3)  # (B, H_kv, G, T)
-        return weights.reshape(b, h_kv * g, t)
+        b, h_kv, t, _ = state.keys.shape
+        weights = window_attention_rows(state).mean(dim=3)  # (B, H_kv, G, T)
+        return weights.reshape(b, h_kv * state.group_size, t)
 
     def smooth(self, weights: torch.Tensor, window: int) -> torch.Tensor:
         """Pool (B, H, T) along the sequence outside the window; the window is left as is."""
