@@ -22,20 +22,14 @@ from criticalkv.select.adaptive_critical import FORCED
 from criticalkv.state import LayerState
 from tests.conftest import make_tiny, padded_batch
 from tests.random_state import o_proj_weight, random_state
+from tests.test_reference_critical import CASES as REFERENCE_CASES
 from tests.test_reference_critical import eligible_positions, naive_value_norms, naive_window_attention
 from tests.test_selection import assert_valid_selection
 
 KERNEL, THRESHOLD = 5, 0.9
 
-# (seed, lengths, H_kv, G, head_dim, window, budget)
-CASES = [
-    (0, [40], 2, 3, 8, 4, 0.3),
-    (1, [33, 40, 21], 2, 2, 4, 3, 0.5),
-    (2, [48, 30], 3, 1, 8, 6, 12),
-    (3, [25, 25], 1, 4, 4, 2, 0.2),
-    (4, [60, 45], 2, 3, 8, 8, 0.4),
-    (5, [17, 36, 36, 29], 4, 2, 4, 5, 0.6),
-]
+# (seed, lengths, H_kv, G, head_dim, window, budget): the first cases of the CriticalKV reference tests
+CASES = REFERENCE_CASES[:6]
 
 
 def make_state(case: tuple, layer: int = 0, num_layers: int = 1, sharpness: float = 1.0) -> LayerState:
