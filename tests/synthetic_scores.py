@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 import torch
 
+from criticalkv.budgets import HeadScoredAllocator
 from criticalkv.headscores import HeadScores, architecture
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
@@ -22,9 +24,9 @@ def synthetic_head_scores(model: Any, seed: int = 0) -> HeadScores:
 
 def bind_synthetic(method: Method, state: LayerState, seed: int = 0) -> Method:
     """``method`` with head-prior budgets bound to random scores of ``state``'s shape (no model)."""
-    with_scores = getattr(method.budgets, "with_head_scores", None)
-    if with_scores is None:
+    if not method.needs.head_scores:
         return method
     g = torch.Generator().manual_seed(seed)
     scores = torch.rand(state.num_layers, state.num_kv_heads, generator=g) ** 3 + 0.01
-    return Method(method.name, method.description, method.reference, method.scores, with_scores(scores), method.select)
+    budgets = cast(HeadScoredAllocator, method.budgets).with_head_scores(scores)
+    return replace(method, budgets=budgets)

@@ -1,5 +1,5 @@
 """StreamingLLM, Knorm and H2O against direct loop-based readings of their papers, and the
-``queries_needed`` hand-off that gives H2O every prompt query."""
+``needs.queries`` hand-off that gives H2O every prompt query."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 import criticalkv as ckv
 from criticalkv.cli import main
 from criticalkv.prompts import positions
-from criticalkv.scores import AccumulatedAttention, WindowAttention
+from criticalkv.needs import Needs
+from criticalkv.scores import AccumulatedAttention, Scorer, WindowAttention
 from criticalkv.state import LayerState
 from tests.conftest import make_tiny, padded_batch
 from tests.random_state import random_state, with_all_queries
@@ -152,15 +153,19 @@ def test_h2o_refuses_a_state_without_every_query() -> None:
         ckv.get_method("h2o").keep_mask(state, tokens)
 
 
-# --- the queries_needed hand-off -----------------------------------------------------------------
+# --- the needs.queries hand-off -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RecordingScores:
+class RecordingScores(Scorer):
     """Window attention that notes how many queries each layer state held."""
 
-    queries_needed: int | str | None
+    queries: int | str | None
     seen: list[int]
+
+    @property  # type: ignore[misc]
+    def needs(self) -> Needs:  # type: ignore[override]
+        return Needs(queries=self.queries)  # type: ignore[arg-type]
 
     def __call__(self, state: LayerState) -> torch.Tensor:
         self.seen.append(int(state.queries.shape[2]))

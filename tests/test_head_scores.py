@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.headscores import HeadScores, architecture, bind_head_scores, find_head_scores, load_head_scores
+from criticalkv.headscores import HeadScores, architecture, find_head_scores, load_head_scores
 from criticalkv.headscores.binding import cache_path, shipped_files
 from criticalkv.headscores.compute import (
     RETRIEVAL,
@@ -27,6 +27,7 @@ from criticalkv.headscores.compute import (
     head_scores_of,
 )
 from criticalkv.headscores.needles import make_retrieval_sample
+from criticalkv.methods import bind_head_scores
 from criticalkv.prompts import positions
 from tests.conftest import make_tiny, padded_batch
 from tests.random_state import one_thread
@@ -209,7 +210,9 @@ def test_cached_scores_are_found_for_the_model() -> None:
     model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache)
     kept = cache.kept_entries()
     assert torch.equal(kept.sum((0, 2)), 3 * 2 * torch.tensor([15, 13]))  # L * H_kv * floor(0.3 n)
-    plain = ckv.CompressedCache(3, "headkv", 0.3, window=5)  # bound at the prefill, for the module's model
+    with pytest.raises(ValueError, match="bound to the model before a cache exists"):  # the cache never looks up
+        ckv.CompressedCache(3, "headkv", 0.3, window=5)
+    plain = ckv.CompressedCache(3, ckv.bind(ckv.get_method("headkv"), model), 0.3, window=5)
     model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=plain)
     assert torch.equal(plain.kept_entries(), kept)
 

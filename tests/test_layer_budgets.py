@@ -122,7 +122,7 @@ def test_head_prior_layer_call_and_shape_check() -> None:
 def test_unbound_head_prior_says_how_to_get_scores() -> None:
     state = random_state(2, lengths=[20], num_kv_heads=1, group=1, head_dim=4, window=2)
     method = ckv.get_method("headkv")  # listing works without scores
-    assert method.budgets.needs_head_scores  # type: ignore[attr-defined]
+    assert method.needs.head_scores and not method.bound
     with pytest.raises(ValueError, match="criticalkv head-scores"):
         method.keep_mask(state, long([8]))
 

@@ -15,7 +15,7 @@ from criticalkv.budgets import Adaptive, HeadPrior, LayerJoint, Pyramid, Uniform
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.tiers import build_prefix
 from criticalkv.scores import WindowAttention, projected_value_norms
-from criticalkv.scores.queries import ALL_QUERIES, queries_needed
+from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.select import Critical, TopK, topk_mask
 from criticalkv.state import LayerState
 from tests.random_state import o_proj_weight, random_state, with_all_queries
@@ -162,7 +162,7 @@ def method_for(name: str, state: LayerState, seed: int = 0) -> tuple[ckv.Method,
     """The method, head-prior budgets bound to synthetic scores, and the state with every prompt
     query if its scores read them all (H2O)."""
     method = bind_synthetic(ckv.get_method(name), state, seed)
-    if queries_needed(method.scores) == ALL_QUERIES:
+    if method.needs.queries == ALL_QUERIES:
         state = with_all_queries(state, seed)
     return method, state
 

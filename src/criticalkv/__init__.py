@@ -2,10 +2,11 @@
 compressed, head-varying cache for transformers."""
 
 from criticalkv.budgets.resolve import parse_budget, resolve_budget
-from criticalkv.cache import CaptureCache, CompressedCache, attach
-from criticalkv.methods import Method, available_methods, get_method, register
+from criticalkv.cache import CaptureCache, CompressedCache
+from criticalkv.methods import Method, available_methods, bind, get_method, register
 from criticalkv.models import load_model
-from criticalkv.runtime import GenerationResult, continue_generation, generate, prefill
+from criticalkv.needs import Needs
+from criticalkv.runtime import GenerationResult, attach, continue_generation, generate, prefill
 from criticalkv.state import LayerState
 
 __version__ = "0.1.0"
@@ -16,9 +17,11 @@ __all__ = [
     "GenerationResult",
     "LayerState",
     "Method",
+    "Needs",
     "__version__",
     "attach",
     "available_methods",
+    "bind",
     "continue_generation",
     "generate",
     "get_method",

@@ -19,7 +19,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from criticalkv.cache.attention import attach, criticalkv_attention
+from criticalkv.cache.attention import criticalkv_attention
+from criticalkv.runtime.attach import attach
 
 PROBE_IMPLEMENTATION = "criticalkv_probe"
 

@@ -11,10 +11,10 @@ from criticalkv.bench.decode import timed_decode
 from criticalkv.bench.measure import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.attention import attach
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.compat import cache_argument
 from criticalkv.methods import Method
+from criticalkv.runtime.attach import attach
 
 
 def dynamic_cache_bytes(cache: Any) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -76,9 +75,9 @@ class BenchConfig:
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
     """``method`` with its selection's value-norm precision set (methods without one unchanged)."""
-    if precision is None or not hasattr(method.select, "precision"):
+    if precision is None or not method.needs.value_norms:
         return method
-    return dataclasses.replace(method, select=dataclasses.replace(method.select, precision=precision))  # type: ignore[type-var]
+    return method.with_options(precision=precision)
 
 
 def record_key(record: BenchRecord | dict[str, Any]) -> str:

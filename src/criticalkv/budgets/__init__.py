@@ -1,7 +1,7 @@
 """Budgets: how many entries each (batch row, KV head) keeps."""
 
 from criticalkv.budgets.adaptive import Adaptive
-from criticalkv.budgets.base import Allocator, CrossLayerAllocator
+from criticalkv.budgets.base import Allocator, CrossLayerAllocator, HeadScoredAllocator
 from criticalkv.budgets.head_prior import HeadPrior
 from criticalkv.budgets.layer_joint import LayerJoint
 from criticalkv.budgets.pyramid import Pyramid
@@ -13,6 +13,7 @@ __all__ = [
     "Allocator",
     "CrossLayerAllocator",
     "HeadPrior",
+    "HeadScoredAllocator",
     "LayerJoint",
     "Pyramid",
     "Uniform",

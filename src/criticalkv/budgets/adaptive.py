@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+from criticalkv.budgets.base import Allocator
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class Adaptive:
+class Adaptive(Allocator):
     """Per-head budgets from the layer's globally highest scores, with a per-head safeguard.
 
     Each head first keeps ``max(1, floor(alpha_floor * b))`` entries (its window counts

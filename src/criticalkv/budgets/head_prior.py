@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from criticalkv.budgets.apportion import capped_shares, largest_remainder
+from criticalkv.budgets.base import HeadScoredAllocator
 from criticalkv.state import LayerState
 
 ScoreMatrix = tuple[tuple[float, ...], ...]
@@ -51,7 +52,7 @@ def score_matrix(scores: torch.Tensor | Sequence[Sequence[float]]) -> ScoreMatri
 
 
 @dataclass(frozen=True)
-class HeadPrior:
+class HeadPrior(HeadScoredAllocator):
     """Per-(layer, KV head) budgets from offline head importance scores (HeadKV).
 
     With scores ``s_{l,h}`` normalised over all ``L * H_kv`` heads of the model, HeadKV's
@@ -93,9 +94,9 @@ class HeadPrior:
             object.__setattr__(self, "scores", score_matrix(self.scores))
 
     @property
-    def needs_head_scores(self) -> bool:
-        """``True`` while no scores are bound."""
-        return self.scores is None
+    def bound(self) -> bool:
+        """Whether head scores are bound."""
+        return self.scores is not None
 
     def with_head_scores(self, scores: torch.Tensor | Sequence[Sequence[float]]) -> HeadPrior:
         """The same allocator bound to ``scores`` (layers, KV heads)."""

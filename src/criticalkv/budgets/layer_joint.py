@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
+from criticalkv.budgets.base import CrossLayerAllocator
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
 
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LayerJoint:
+class LayerJoint(CrossLayerAllocator):
     """Per-(layer, head) budgets from the model's globally highest scores, same total as uniform.
 
     AdaKV pools the budget of a layer's heads; this pools the whole model's: a row keeps its
@@ -39,8 +39,6 @@ class LayerJoint:
     interface) it is the joint selection over that layer: AdaKV-style pooling over its heads
     without a safeguard.
     """
-
-    cross_layer: ClassVar[bool] = True
 
     def __call__(self, scores: torch.Tensor, state: LayerState, budget: torch.Tensor) -> torch.Tensor:
         return self.joint([scores], [state], budget)[0]

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from criticalkv.budgets.apportion import largest_remainder
+from criticalkv.budgets.base import Allocator
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class Pyramid:
+class Pyramid(Allocator):
     """Budgets that decrease linearly with depth, with the same total as uniform budgets.
 
     As in PyramidKV (Cai et al. 2024, Sec. 3; the KVCache-Factory code), the shares apply to

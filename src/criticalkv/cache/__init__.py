@@ -1,6 +1,6 @@
 """The physically compressed KV cache and its attention function."""
 
-from criticalkv.cache.attention import ATTN_IMPLEMENTATION, attach, criticalkv_attention
+from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention, route_attention
 from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.layer import CompressedLayer
@@ -10,6 +10,6 @@ __all__ = [
     "CaptureCache",
     "CompressedCache",
     "CompressedLayer",
-    "attach",
     "criticalkv_attention",
+    "route_attention",
 ]

@@ -70,15 +70,12 @@ AttentionInterface.register(ATTN_IMPLEMENTATION, criticalkv_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
-def attach(model: nn.Module) -> nn.Module:
+def route_attention(model: nn.Module) -> nn.Module:
     """Route ``model``'s attention through criticalkv (idempotent; returns the model).
 
-    Without a criticalkv cache the model computes exactly what ``sdpa`` computes, so an
-    attached model can still be used normally.
+    Without a criticalkv cache the model computes exactly what ``sdpa`` computes, so a routed
+    model can still be used normally. :func:`criticalkv.attach` checks the architecture first.
     """
-    from criticalkv.models import check_supported
-
-    check_supported(model)
     config: Any = model.config
     if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         setter = getattr(model, "set_attn_implementation", None)

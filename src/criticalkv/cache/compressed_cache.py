@@ -13,9 +13,9 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.headscores.binding import HeadScoresArg, bind_head_scores, needs_head_scores
-from criticalkv.methods import Method, get_method
-from criticalkv.scores.queries import QueriesNeeded, queries_needed, resolve_num_queries
+from criticalkv.methods import HeadScoresArg, Method, bind, get_method
+from criticalkv.needs import QueriesNeeded
+from criticalkv.scores.queries import resolve_num_queries
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)
@@ -84,14 +84,16 @@ class CompressedCache(Cache):
     method : a registered name (see :func:`criticalkv.available_methods`) or a :class:`Method`.
     budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
     window : the observation window (its entries are always kept).
-    head_scores : for methods with head-prior budgets (``headkv``, ``critical-headkv``): a
-        head-score file or :class:`~criticalkv.headscores.HeadScores`; ``None`` looks up the
-        model's (see :mod:`criticalkv.headscores.binding`). Ignored by other methods.
 
-    Scores that read more prompt queries than the window (``queries_needed``, e.g. H2O's) get
-    them: the layer state handed to the method keeps as many as they declare.
+    The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
+    (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
+    :func:`criticalkv.methods.bind` before a cache exists; the cache itself never looks any up.
 
-    Methods whose budgets span layers (``layer-defensivekv``, :attr:`Method.cross_layer`) cannot
+    What the method needs is read from :attr:`Method.needs`: scores that read more prompt queries
+    than the window (``needs.queries``, e.g. H2O's) get them, the layer state handed to the method
+    keeping as many as they declare.
+
+    Methods whose budgets span layers (``layer-defensivekv``, ``needs.cross_layer``) cannot
     select a layer before every layer's scores are known: the cache keeps each layer's prefill
     state (its full keys and values) until the last layer's, then selects over all layers jointly
     and compresses them all. During such a prefill the whole uncompressed prompt cache is held,
@@ -104,10 +106,15 @@ class CompressedCache(Cache):
         method: str | Method = "critical-adakv",
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
-        head_scores: HeadScoresArg = None,
     ) -> None:
         self.method = get_method(method)
-        self._head_scores = head_scores  # bound at the first compression, for the model compressed
+        if not self.method.bound:
+            name = self.method.name
+            raise ValueError(
+                f"method {name!r} needs head importance scores bound to the model before a cache exists: use "
+                f"CompressedCache.for_model(model, {name!r}, ...) or criticalkv.methods.bind(get_method({name!r}), "
+                "model[, head_scores='scores.json'])"
+            )
         self.budget = validate_budget(budget)
         self.window = check_window(window)
         self.num_layers = num_layers
@@ -133,7 +140,7 @@ class CompressedCache(Cache):
     ) -> CompressedCache:
         """A cache sized for ``model`` (its number of decoder layers), with head scores bound
         for ``model`` if the method needs them (an error up front if there are none)."""
-        bound = bind_head_scores(get_method(method), model, head_scores)
+        bound = bind(get_method(method), model, head_scores)
         return cls(model.config.num_hidden_layers, bound, budget, **kwargs)
 
     @classmethod
@@ -153,7 +160,8 @@ class CompressedCache(Cache):
         if not states:
             raise ValueError("no layer states to compress")
         window = states[0].window if window is None else window
-        cache = cls(len(states), method, budget, window=window, head_scores=head_scores)
+        config = getattr(states[0].module, "config", None)  # the model the attention module belongs to
+        cache = cls(len(states), bind(get_method(method), config, head_scores), budget, window=window)
         for layer, state in zip(cache.compressed_layers, states, strict=True):
             if state.window != cache.window:
                 state = LayerState(**{**state.__dict__, "window": cache.window})
@@ -185,7 +193,7 @@ class CompressedCache(Cache):
             num_layers=self.num_layers,
             num_queries=resolve_num_queries(self.queries_needed, query.shape[2]),
         )
-        if self.method.cross_layer and state.queries.shape[2] < query.shape[2]:
+        if self.method.needs.cross_layer and state.queries.shape[2] < query.shape[2]:
             # held until the last layer: a copy of the few queries kept frees the prefill's full query tensor
             state = LayerState(**{**state.__dict__, "queries": state.queries.clone()})
         self._compress_state(layer, state)
@@ -193,7 +201,7 @@ class CompressedCache(Cache):
     @property
     def queries_needed(self) -> QueriesNeeded:
         """Prompt queries the method's scores read (``None``: the window; ``'all'``: every one)."""
-        return queries_needed(self.method.scores)
+        return self.method.needs.queries
 
     def _compress_state(self, layer: CompressedLayer, state: LayerState) -> None:
         if self.synchronize_timing:
@@ -205,14 +213,10 @@ class CompressedCache(Cache):
         self.compress_seconds += time.perf_counter() - started
 
     def _select_and_store(self, layer: CompressedLayer, state: LayerState) -> None:
-        if needs_head_scores(self.method) or self._head_scores is not None:
-            # bound once, for the model the attention module belongs to
-            self.method = bind_head_scores(self.method, getattr(state.module, "config", None), self._head_scores)
-            self._head_scores = None
         if self._budget_tokens is None or self._budget_tokens.shape[0] != state.batch_size:
             self.real_prompt_tokens = state.lengths
             self._budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
-        if self.method.cross_layer:
+        if self.method.needs.cross_layer:
             self._deferred[layer.layer_idx] = (layer, state)
             if len(self._deferred) == self.num_layers:
                 self._compress_jointly()

@@ -22,11 +22,11 @@ from criticalkv.eval.fidelity import answer_logprobs, fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
 from criticalkv.eval.store import result_key
-from criticalkv.headscores.binding import bind_head_scores
-from criticalkv.methods import get_method
+from criticalkv.methods import bind, get_method
+from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad, positions
 from criticalkv.runtime import continue_generation, prefill
-from criticalkv.scores.queries import QueriesNeeded, merge_queries_needed, queries_needed, resolve_num_queries
+from criticalkv.scores.queries import resolve_num_queries
 
 if TYPE_CHECKING:
     from criticalkv.eval.runner import SweepConfig
@@ -87,11 +87,11 @@ class SampleEvaluator:
         # inputs go where the embeddings are (the first device when a model is sharded)
         self.device = model.get_input_embeddings().weight.device
         self.window = int(config.window or 0)
-        self.methods = {name: bind_head_scores(get_method(name), model) for name in {"full", *config.methods}}
-        needed: QueriesNeeded = None
+        self.methods = {name: bind(get_method(name), model) for name in {"full", *config.methods}}
+        needs = NOTHING
         for bound in self.methods.values():
-            needed = merge_queries_needed(needed, queries_needed(bound.scores))
-        self.queries_needed = needed
+            needs = needs.merge(bound.needs)
+        self.queries_needed = needs.queries
 
     @torch.no_grad()
     def run(self, length: int, sample: Sample, pending: Sequence[Pair]) -> list[dict[str, Any]]:

@@ -3,19 +3,18 @@
 * :mod:`~criticalkv.headscores.compute` runs the scoring procedure on needle-retrieval samples
   (:mod:`~criticalkv.headscores.needles`); ``criticalkv head-scores`` is its command.
 * :mod:`~criticalkv.headscores.file` reads, checks and writes score files with provenance.
-* :mod:`~criticalkv.headscores.binding` finds a model's scores and binds them to a method.
+* :mod:`~criticalkv.headscores.binding` finds a model's scores; :func:`criticalkv.methods.bind`
+  binds them to a method.
 """
 
-from criticalkv.headscores.binding import bind_head_scores, cache_path, find_head_scores, needs_head_scores
+from criticalkv.headscores.binding import cache_path, find_head_scores
 from criticalkv.headscores.file import HeadScores, architecture, fingerprint, load_head_scores
 
 __all__ = [
     "HeadScores",
     "architecture",
-    "bind_head_scores",
     "cache_path",
     "find_head_scores",
     "fingerprint",
     "load_head_scores",
-    "needs_head_scores",
 ]

@@ -1,4 +1,4 @@
-"""Finding a model's head scores and binding them to a method's head-prior budgets.
+"""Finding a model's head scores (bound to a method by :func:`criticalkv.methods.bind`).
 
 Where the scores come from, in order:
 
@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from criticalkv.headscores.file import HeadScores, architecture, describe, fingerprint, load_head_scores
-from criticalkv.methods import Method
 from criticalkv.models import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -94,42 +92,3 @@ def find_head_scores(config: Any, head_scores: HeadScoresArg = None) -> HeadScor
         f"{'MODEL' if name == 'unnamed' else name} --out scores.json` (this also caches them), "
         "or pass head_scores='scores.json'"
     )
-
-
-def needs_head_scores(method: Method) -> bool:
-    """Whether ``method``'s budgets still wait for head scores."""
-    return bool(getattr(method.budgets, "needs_head_scores", False))
-
-
-def accepts_head_scores(method: Method) -> bool:
-    """Whether ``method``'s budgets use head scores at all."""
-    return callable(getattr(method.budgets, "with_head_scores", None))
-
-
-def bind_head_scores(method: Method, model: Any = None, head_scores: HeadScoresArg = None) -> Method:
-    """``method`` with its head-prior budgets bound to a model's head scores.
-
-    Methods whose budgets take no head scores come back unchanged (``head_scores`` is then
-    ignored), as do already bound methods when no ``head_scores`` is given.
-
-    Parameters
-    ----------
-    method : a :class:`Method`, e.g. ``get_method("headkv")``.
-    model : a transformers model or its config; ``None`` binds ``head_scores`` without an
-        architecture check (the budgets still check the number of layers and KV heads).
-    head_scores : a path, a :class:`HeadScores`, or ``None`` to look the model's up.
-    """
-    if not accepts_head_scores(method) or (head_scores is None and not needs_head_scores(method)):
-        return method
-    config = getattr(model, "config", model)
-    if config is not None:
-        scores = find_head_scores(config, head_scores)
-    elif head_scores is not None:
-        scores = head_scores if isinstance(head_scores, HeadScores) else load_head_scores(head_scores)
-    else:
-        raise ValueError(
-            f"method {method.name!r} needs head importance scores and there is no model to look them up for; "
-            "pass head_scores='scores.json' (see `criticalkv head-scores --help`)"
-        )
-    budgets = method.budgets.with_head_scores(scores.matrix())  # type: ignore[attr-defined]
-    return replace(method, budgets=budgets)

@@ -43,12 +43,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from criticalkv.cache.attention import attach
 from criticalkv.cache.capture import CaptureCache
 from criticalkv.compat import cache_argument
 from criticalkv.headscores.binding import model_name as name_of
 from criticalkv.headscores.file import HeadScores, architecture
 from criticalkv.headscores.needles import make_retrieval_sample
+from criticalkv.runtime.attach import attach
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)

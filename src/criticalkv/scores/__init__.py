@@ -5,7 +5,7 @@ from criticalkv.scores.base import Scorer
 from criticalkv.scores.defensive_aggregation import DefensiveAggregation
 from criticalkv.scores.key_norm import KeyNorm
 from criticalkv.scores.positional import SinksAndRecent
-from criticalkv.scores.queries import ALL_QUERIES, queries_needed
+from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.scores.value_norms import projected_value_norms
 from criticalkv.scores.window_attention import WindowAttention
 
@@ -18,5 +18,4 @@ __all__ = [
     "SinksAndRecent",
     "WindowAttention",
     "projected_value_norms",
-    "queries_needed",
 ]

@@ -8,12 +8,14 @@ from typing import ClassVar
 
 import torch
 
-from criticalkv.scores.queries import ALL_QUERIES, QueriesNeeded, require_all_queries
+from criticalkv.needs import ALL_QUERIES, Needs
+from criticalkv.scores.base import Scorer
+from criticalkv.scores.queries import require_all_queries
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class AccumulatedAttention:
+class AccumulatedAttention(Scorer):
     """Attention each entry receives, summed over all prompt queries, GQA group mean.
 
     Every real prompt query is softmaxed over the keys it can see (causal, padding masked) in
@@ -29,7 +31,7 @@ class AccumulatedAttention:
 
     max_chunk_bytes: int = 1 << 25
     #: read by the caches: keep every prompt query in the layer state
-    queries_needed: ClassVar[QueriesNeeded] = ALL_QUERIES
+    needs: ClassVar[Needs] = Needs(queries=ALL_QUERIES)
 
     def __post_init__(self) -> None:
         if (

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from criticalkv.scores.base import Scorer
 from criticalkv.scores.window_attention import window_attention_rows
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class DefensiveAggregation:
+class DefensiveAggregation(Scorer):
     """Worst case over the observation window instead of its mean, floored at the head's mean.
 
     SnapKV-style scores average an entry's attention over the window queries (and the query

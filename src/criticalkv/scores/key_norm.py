@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from criticalkv.scores.base import Scorer
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class KeyNorm:
+class KeyNorm(Scorer):
     """Score ``-||k_i||_2`` of each key (after RoPE), per KV head.
 
     Devoto et al. observe that keys with a low L2 norm draw high attention, so a cache that

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from criticalkv.scores.base import Scorer
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class SinksAndRecent:
+class SinksAndRecent(Scorer):
     """A positional score: the first ``sinks`` real tokens of each row first, then recency.
 
     With top-k selection a head keeps its observation window, the ``sinks`` initial tokens

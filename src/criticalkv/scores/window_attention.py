@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from criticalkv.scores.base import Scorer
 from criticalkv.state import LayerState
 
 
@@ -26,7 +27,7 @@ def window_attention_rows(state: LayerState) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class WindowAttention:
+class WindowAttention(Scorer):
     """Attention of the last ``window`` queries, averaged over them, pooled, GQA group mean.
 
     For each query head the window queries are softmaxed over all keys in float32 (causal

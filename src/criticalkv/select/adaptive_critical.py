@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from criticalkv.scores.window_attention import WindowAttention
+from criticalkv.select.base import RankingSelector
 from criticalkv.select.critical import Critical
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
@@ -22,7 +23,7 @@ _MEAN_ATTENTION = WindowAttention(pool="none")
 
 
 @dataclass(frozen=True)
-class AdaptiveCritical:
+class AdaptiveCritical(RankingSelector):
     """CriticalKV's two stages with an adaptive stage 1, as in the released DefensiveKV code.
 
     Stage 1, per head: the entries in decreasing mean window attention (unpooled, mean over the

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from criticalkv.needs import Needs
 from criticalkv.scores.value_norms import NORM_PRECISIONS, norm_dtype, projected_value_norms
+from criticalkv.select.base import Selector
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
 
 
 @dataclass(frozen=True)
-class Critical:
+class Critical(Selector):
     """Stage 1 keeps ``floor(alpha * b_h)`` entries by attention (window included), which
     keeps the kept attention mass above 1/2; stage 2 fills the rest of the head's budget by
     ``(A_i + eps) * ||V_i W_O||``, the entry's share of the output-perturbation bound.
@@ -31,6 +34,8 @@ class Critical:
     alpha: float = 0.5
     eps: float = 1e-4
     p: int = 1
+    needs: ClassVar[Needs] = Needs(value_norms=True)
+
     precision: str = "auto"
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from criticalkv.select.base import Selector
 from criticalkv.state import LayerState
 
 
@@ -38,7 +39,7 @@ def topk_mask(scores: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
 
 
 @dataclass(frozen=True)
-class TopK:
+class TopK(Selector):
     """Keep the window plus each head's ``budget - window`` highest-scoring entries."""
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:

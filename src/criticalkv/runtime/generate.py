@@ -1,4 +1,4 @@
-"""Prefill -> compress -> decode, through ``model.generate``."""
+"""Answering questions about contexts with a compressed cache: prefill -> compress -> decode."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from criticalkv.budgets.resolve import Budget, validate_budget
-from criticalkv.cache.attention import attach
-from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
 from criticalkv.compat import cache_argument
-from criticalkv.methods import Method, get_method
-from criticalkv.prompts import encode_pair, left_pad, positions
-from criticalkv.state import LayerState
+from criticalkv.methods import Method, bind, get_method
+from criticalkv.prompts import encode_pair, left_pad
+from criticalkv.runtime.attach import attach
+from criticalkv.runtime.forward import decode_answers, eos_ids, input_device, prefill_into
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def generate(
     to ``model.generate`` (greedy decoding by default).
     """
     mode = check_mode(mode)
-    method = get_method(method)
+    method = bind(get_method(method), model)  # once, before the cache exists
     budget = validate_budget(budget)
     window = check_window(DEFAULT_WINDOWS[mode] if window is None else window)
     if max_new_tokens < 1:
@@ -121,8 +120,8 @@ def generate(
     attach(model)
     pairs = [encode_pair(tokenizer, c, q, chat) for c, q in zip(contexts, questions, strict=True)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    cache = CompressedCache.for_model(model, method, budget, window=window)
+    device = input_device(model)
+    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window)
     compressed = [c + q for c, q in pairs] if mode == "question-aware" else [c for c, _ in pairs]
     shortest = min(len(s) for s in compressed)
     if shortest < window:
@@ -142,13 +141,7 @@ def generate(
     start = time.perf_counter()
     if mode == "question-agnostic":
         n_ctx = ctx_ids.shape[1]
-        model(
-            input_ids=full_ids[:, :n_ctx],
-            attention_mask=full_mask[:, :n_ctx],
-            position_ids=positions(full_mask[:, :n_ctx]),
-            **cache_argument(model, cache),
-            logits_to_keep=1,
-        )
+        prefill_into(model, cache, full_ids[:, :n_ctx], full_mask[:, :n_ctx])
     output = model.generate(
         input_ids=full_ids,
         attention_mask=full_mask,
@@ -158,13 +151,7 @@ def generate(
         **kwargs,
     )
     total = time.perf_counter() - start
-    new = output[:, full_ids.shape[1] :]
-    answers, counts = [], []
-    eos = _eos_ids(model, tokenizer)
-    for row in new.tolist():
-        cut = next((i for i, t in enumerate(row) if t in eos), len(row))
-        counts.append(cut)
-        answers.append(str(tokenizer.decode(row[:cut], skip_special_tokens=True)).strip())
+    answers, counts = decode_answers(tokenizer, output[:, full_ids.shape[1] :], eos_ids(model, tokenizer))
     return GenerationResult(
         answers=answers,
         method=method.name,
@@ -179,68 +166,3 @@ def generate(
         total_s=total,
         new_tokens=counts,
     )
-
-
-def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return ids
-
-
-@torch.no_grad()
-def prefill(
-    model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    window: int,
-    num_queries: int | None = None,
-) -> tuple[list[LayerState], torch.Tensor]:
-    """Run the full prefill once; return every layer's state and the last position's logits.
-
-    Build any number of compressed caches from the states with
-    :meth:`CompressedCache.from_states` and continue with :func:`continue_generation`.
-    """
-    attach(model)
-    capture = CaptureCache(model.config.num_hidden_layers, window=window, num_queries=num_queries)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions(attention_mask),
-        **cache_argument(model, capture),
-        logits_to_keep=1,
-    )
-    return capture.states(), out.logits[:, -1]
-
-
-@torch.no_grad()
-def continue_generation(
-    model: Any,
-    cache: CompressedCache,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    first_token: torch.Tensor,
-    max_new_tokens: int,
-    **generate_kwargs: Any,
-) -> torch.Tensor:
-    """Greedy continuation after a prefill whose next token is ``first_token`` (B,).
-
-    ``cache`` holds the whole prompt ``input_ids``; returns (B, n) new tokens, the first
-    one included.
-    """
-    first = first_token.view(-1, 1).to(input_ids.device)
-    if max_new_tokens <= 1:
-        return first
-    ids = torch.cat([input_ids, first], dim=1)
-    mask = torch.cat([attention_mask, torch.ones_like(first)], dim=1)
-    kwargs: dict[str, Any] = {"do_sample": False}
-    kwargs.update(generate_kwargs)
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, **cache_argument(model, cache), max_new_tokens=max_new_tokens - 1, **kwargs
-    )
-    return out[:, input_ids.shape[1] :]

@@ -1,0 +1,39 @@
+"""The one orchestrator: every way criticalkv drives a model with a cache.
+
+* :mod:`~criticalkv.runtime.attach` prepares a model (support check, attention routing);
+* :mod:`~criticalkv.runtime.forward` holds the operations the harnesses share: prefill with
+  capture, prefill into a compressing cache, appending tokens, teacher-forced log-probabilities,
+  greedy continuation, and the one end-of-sequence rule;
+* :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`).
+"""
+
+from criticalkv.runtime.attach import attach
+from criticalkv.runtime.forward import (
+    append_tokens,
+    continue_generation,
+    decode_answers,
+    eos_ids,
+    input_device,
+    prefill,
+    prefill_into,
+    teacher_forced_logprobs,
+)
+from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
+
+__all__ = [
+    "DEFAULT_WINDOWS",
+    "MODES",
+    "GenerationResult",
+    "Mode",
+    "append_tokens",
+    "attach",
+    "check_mode",
+    "continue_generation",
+    "decode_answers",
+    "eos_ids",
+    "generate",
+    "input_device",
+    "prefill",
+    "prefill_into",
+    "teacher_forced_logprobs",
+]
