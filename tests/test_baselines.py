@@ -10,8 +10,8 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.prompts import positions
 from criticalkv.needs import Needs
+from criticalkv.prompts import positions
 from criticalkv.scores import AccumulatedAttention, Scorer, WindowAttention
 from criticalkv.state import LayerState
 from tests.conftest import make_tiny, padded_batch
