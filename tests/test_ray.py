@@ -244,10 +244,10 @@ def test_load_tokenizer_matches_load_model_for_the_default_model() -> None:
 def test_device_map_is_passed_through(
     folder: Path, tmp_path: Path, reference: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import criticalkv.models as models
+    import criticalkv.models.checkpoint as checkpoint
 
     seen: list[dict[str, Any]] = []
-    real = models.AutoModelForCausalLM
+    real = checkpoint.AutoModelForCausalLM
 
     class Spy:
         @staticmethod
@@ -255,7 +255,7 @@ def test_device_map_is_passed_through(
             seen.append(kwargs)
             return real.from_pretrained(*args, **kwargs)
 
-    monkeypatch.setattr(models, "AutoModelForCausalLM", Spy)
+    monkeypatch.setattr(checkpoint, "AutoModelForCausalLM", Spy)
     model, tokenizer = load_model(folder, device_map="auto")
     assert seen[-1]["device_map"] == "auto"
     load_model(folder, device="cpu")
