@@ -1,11 +1,11 @@
 """Per-head attention-output perturbation under eviction (CriticalKV, Feng et al. 2025, arXiv 2502.03805).
 
-Notation of ``docs/ALGORITHM.md``: for one layer, query head ``h`` (KV head ``h // G``), a query
+Notation of ``docs/perturbation.md``: for one layer, query head ``h`` (KV head ``h // G``), a query
 with attention ``A`` over the ``T`` prompt keys and the projected values ``P_i^h = V_i W_O^h``,
 the head's contribution to the residual stream is ``o = sum_i A_i P_i^h``. A keep
 mask ``N`` of the KV head, with the kept weights renormalised by ``sigma = sum_i N_i A_i``, gives
 ``o_hat = sum_i N_i A_i P_i^h / sigma``; the perturbation is ``L = ||o - o_hat||_1``
-(docs/ALGORITHM.md, "The perturbation bound").
+(docs/perturbation.md, "The perturbation bound").
 
 Everything here is vectorised over batch rows, query heads, queries and keep masks ("configs":
 one mask per method and budget). ``V W_O^h`` is computed once per layer, in sequence chunks (the
@@ -187,7 +187,7 @@ def output_perturbation(
     norms: torch.Tensor | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> LayerPerturbation:
-    """The L1 head-output perturbation of each keep mask, with its bound (docs/ALGORITHM.md).
+    """The L1 head-output perturbation of each keep mask, with its bound (docs/perturbation.md).
 
     ``o - o_hat = sum_i w_i P_i^h`` with ``w_i = A_i`` on evicted entries and
     ``w_i = -A_i (1 - sigma) / sigma`` on kept ones: no cancellation between ``o`` and ``o_hat``.

@@ -59,7 +59,7 @@ def run_demo(
     """Needle retrieval (question-aware) for each method and budget; one prefill per sample.
 
     The window defaults to 16 tokens, about the question's length: on the default model a
-    window that holds just the question works far better than 32 or 64 (DESIGN.md).
+    window that holds just the question works far better than 32 or 64 (docs/results/demo-default.md).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device

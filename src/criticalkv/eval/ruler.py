@@ -4,7 +4,7 @@ Templates, answer prefixes, needle formats, task parameters and metrics follow R
 ``synthetic.yaml`` and ``constants.py``. Differences: the natural-text haystack is public-domain
 text shipped with the package (see :mod:`criticalkv.eval.haystack`); ``vt`` and ``cwe`` have no
 in-context example; ``qa_1``/``qa_2`` use SQuAD/HotpotQA when given (``qa_source``) and otherwise
-an offline synthetic multi-document QA of the same shape (:mod:`criticalkv.eval.synthetic_qa`).
+an offline synthetic multi-document QA of the same shape (:mod:`criticalkv.eval.qa_data`).
 The requested length is the prompt's token count without the chat template.
 """
 

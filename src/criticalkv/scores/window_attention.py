@@ -33,7 +33,7 @@ class WindowAttention(Scorer):
     For each query head the window queries are softmaxed over all keys in float32 (causal
     inside the window, padding masked), averaged over the window, smoothed along the
     sequence with a 1-D pool (outside the window), then averaged over the query heads of
-    each KV group (ALGORITHM.md, "Accumulated attention").
+    each KV group (docs/methods.md, "Window attention").
 
     Parameters
     ----------

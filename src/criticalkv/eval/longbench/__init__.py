@@ -1,7 +1,7 @@
 """LongBench (Bai et al. 2023, arXiv 2308.14508) for the sweep runner: datasets, prompts,
 truncation, metrics and LongBench-E's length buckets.
 
-``criticalkv eval --benchmark longbench --tasks ... --data-dir DIR`` runs it; see the README.
+``criticalkv eval --benchmark longbench --tasks ... --data-dir DIR`` runs it; see docs/evaluation.md.
 """
 
 from criticalkv.eval.longbench.buckets import BUCKETS, bucket_of
