@@ -1,4 +1,24 @@
-"""Shared fixtures: tiny random Llama, Mistral and Qwen2 models (no download)."""
+"""Shared fixtures: tiny random Llama, Mistral and Qwen2 models (no download), and the test device.
+
+The ``--device`` option
+-----------------------
+``pytest --device DEVICE`` runs the device tests on ``DEVICE``, any torch device string: ``cpu``
+(the default), ``cuda``, ``cuda:1``, ``mps``, ``xpu``. The device tests are the oracle
+(``tests/test_cache_oracle.py``), the library side of the loop-based references
+(``tests/test_reference_critical.py``; the references themselves run on the CPU in float64), the
+selection invariants (``tests/test_selection.py``) and the memory tests (``tests/test_memory.py``).
+They take the session fixture ``device``, build their tiny models and tensors on the CPU with the
+usual seeds (so every device sees the same weights and inputs) and move them there. Every other
+test runs on the CPU whatever the option says. For example::
+
+    PYTHONPATH=src python -m pytest --device cuda tests/test_cache_oracle.py tests/test_reference_critical.py \
+        tests/test_selection.py tests/test_memory.py -m "not slow"
+
+A device this machine lacks (``torch.cuda.is_available()`` false, ``cuda:3`` on a one-GPU machine)
+skips the device tests with the reason; a string that is no torch device, or a device type torch
+cannot compute on here (``meta``), stops the run with a usage error. Tolerances are the CPU ones
+on the CPU; on an accelerator some are loosened by :func:`tolerance`, with the reason beside it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +36,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+pytest_plugins = ("pytester",)  # tests/test_device_option.py runs pytest on the option
+
 VOCAB = 101
 _COMMON = dict(
     vocab_size=VOCAB,
@@ -31,8 +53,66 @@ _COMMON = dict(
 )
 
 
-def make_tiny(arch: str, seed: int = 0) -> PreTrainedModel:
-    """A tiny random causal LM of architecture ``arch`` (GQA: 6 query heads, 2 KV heads)."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="torch device for the oracle, reference, selection and memory tests (cpu, cuda, cuda:1, mps, ...)",
+    )
+
+
+def parse_device(text: str) -> torch.device:
+    """``text`` as a torch device tests can compute on, or a usage error saying why not."""
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise pytest.UsageError(
+            f"--device {text!r} is not a torch device ({error}); try cpu, cuda, cuda:1 or mps"
+        ) from None
+    if not callable(getattr(getattr(torch, device.type, None), "is_available", None)):
+        raise pytest.UsageError(f"--device {text!r}: torch cannot run tests on {device.type!r}; try cpu, cuda or mps")
+    return device
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why ``device`` is missing on this machine, or ``None`` when tests can use it."""
+    if device.type == "cpu":
+        return None
+    backend = getattr(torch, device.type)
+    if not backend.is_available():
+        return f"--device {device}: no {device.type} device here (torch.{device.type}.is_available() is False)"
+    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else 1
+    if device.index is not None and device.index >= count:
+        return f"--device {device}: this machine has {count} {device.type} device(s)"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    parse_device(config.getoption("--device"))  # a bad string stops the run before collection
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The ``--device`` to run on; the test is skipped when this machine does not have it."""
+    chosen = parse_device(request.config.getoption("--device"))
+    reason = unavailable(chosen)
+    if reason is not None:
+        pytest.skip(reason)
+    return chosen
+
+
+def tolerance(cpu: float, device: torch.device, accelerator: float | None = None) -> float:
+    """``cpu`` on the CPU (the tolerances as they always were); on an accelerator ``accelerator``
+    (default ten times ``cpu``): its attention and matmul kernels sum float32 in another order than
+    the CPU (and may use TF32 where enabled), which moves logits by more than the CPU's rounding."""
+    if device.type == "cpu":
+        return cpu
+    return 10 * cpu if accelerator is None else accelerator
+
+
+def make_tiny(arch: str, seed: int = 0, device: torch.device | str = "cpu") -> PreTrainedModel:
+    """A tiny random causal LM of architecture ``arch`` (GQA: 6 query heads, 2 KV heads), built
+    on the CPU (the same weights for every device), then moved to ``device``."""
     torch.manual_seed(seed)
     model: PreTrainedModel
     if arch == "llama":
@@ -43,7 +123,7 @@ def make_tiny(arch: str, seed: int = 0) -> PreTrainedModel:
         model = Qwen2ForCausalLM(Qwen2Config(**_COMMON, use_sliding_window=False))
     else:
         raise ValueError(arch)
-    return model.eval()
+    return model.to(device).eval()
 
 
 ARCHS = ["llama", "mistral", "qwen2"]
@@ -59,8 +139,11 @@ def tiny_llama() -> PreTrainedModel:
     return make_tiny("llama")
 
 
-def padded_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random left-padded ``input_ids`` and ``attention_mask`` with the given real lengths."""
+def padded_batch(
+    lengths: list[int], seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random left-padded ``input_ids`` and ``attention_mask`` with the given real lengths (drawn on
+    the CPU, then moved to ``device``)."""
     g = torch.Generator().manual_seed(seed)
     t = max(lengths)
     ids = torch.randint(3, VOCAB, (len(lengths), t), generator=g)
@@ -68,7 +151,7 @@ def padded_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
     for i, n in enumerate(lengths):
         mask[i, t - n :] = 1
         ids[i, : t - n] = 0
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -71,6 +72,17 @@ def random_state(
         layer_idx=0,
         num_layers=1,
     )
+
+
+def to_device(state: LayerState, device: torch.device | str) -> LayerState:
+    """``state`` with its tensors and (a copy of) its module on ``device``; ``state`` itself when
+    it is there already. Random states are drawn on the CPU, so every device sees the same ones."""
+    target = torch.device(device)
+    if state.keys.device == target:
+        return state
+    moved = {name: getattr(state, name).to(target) for name in ("queries", "keys", "values", "valid")}
+    module = copy.deepcopy(state.module).to(target)
+    return LayerState(**{**state.__dict__, **moved, "module": module, "memo": {}})
 
 
 def o_proj_weight(state: LayerState) -> torch.Tensor:

@@ -28,20 +28,23 @@ def masked_attention(
     g = h_q // h_kv
     k = key.repeat_interleave(g, dim=1)
     v = value.repeat_interleave(g, dim=1)
-    scores = torch.matmul(query, k.transpose(-1, -2)).double() * (scaling or d**-0.5)
-    allowed = torch.ones(b, h_q, q, t, dtype=torch.bool)
+    # float64 softmax and mixing; MPS has no float64, so there it stays in float32
+    exact = torch.float32 if query.device.type == "mps" else torch.float64
+    scores = torch.matmul(query, k.transpose(-1, -2)).to(exact) * (scaling or d**-0.5)
+    allowed = torch.ones(b, h_q, q, t, dtype=torch.bool, device=query.device)
     if attention_mask is not None:
         allowed &= attention_mask[:, :, -q:, :t].expand(b, h_q, q, t)
     else:
         past = t - q
-        allowed &= torch.arange(t)[None, :] <= past + torch.arange(q)[:, None]
+        positions = torch.arange(t, device=query.device)
+        allowed &= positions[None, :] <= past + positions[:q, None]
     keeps = KEEP.get()
     if keeps is not None:
         keep = keeps[module.layer_idx].repeat_interleave(g, dim=1)  # (B, H_q, T_prompt)
         allowed[..., : keep.shape[-1]] &= keep[:, :, None, :]
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    out = torch.matmul(weights, v.double()).to(query.dtype)
+    out = torch.matmul(weights, v.to(exact)).to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
 
 

@@ -21,10 +21,10 @@ from criticalkv.select import AdaptiveCritical
 from criticalkv.select.adaptive_critical import FORCED
 from criticalkv.state import LayerState
 from tests.conftest import make_tiny, padded_batch
+from tests.naive_reference import eligible_positions, naive_value_norms, naive_window_attention
 from tests.random_state import o_proj_weight, random_state
+from tests.selection_cases import assert_valid_selection
 from tests.test_reference_critical import CASES as REFERENCE_CASES
-from tests.test_reference_critical import eligible_positions, naive_value_norms, naive_window_attention
-from tests.test_selection import assert_valid_selection
 
 KERNEL, THRESHOLD = 5, 0.9
 

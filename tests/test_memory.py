@@ -1,5 +1,5 @@
 """The compressed cache really is small: bytes follow kept entries, and decoding grows it by
-the generated tokens only, with bounded spare tail capacity."""
+the generated tokens only, with bounded spare tail capacity. Runs on ``--device`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ NEW_TOKENS = 150
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, PreTrainedModel]:
-    return {arch: ckv.attach(make_tiny(arch)) for arch in ARCHS}
+def models(device: torch.device) -> dict[str, PreTrainedModel]:
+    return {arch: ckv.attach(make_tiny(arch, device=device)) for arch in ARCHS}
 
 
 def entry_bytes(layer: CompressedLayer) -> int:
@@ -45,7 +45,7 @@ def check_spare_capacity(cache: ckv.CompressedCache) -> None:
         if layer.prefix is None:  # generate shows the prompt to the streamer before the prefill
             continue
         spare = layer.tail_capacity() - layer.tail_len
-        held = layer.kept_per_head()
+        held = layer.kept_per_head().cpu()  # float64 below (which MPS lacks)
         assert spare >= 0
         limit = torch.clamp(0.125 * held.double(), min=64.0)
         assert bool((spare <= limit).all()), (layer.layer_idx, spare, held.tolist())
@@ -53,7 +53,7 @@ def check_spare_capacity(cache: ckv.CompressedCache) -> None:
 
 @torch.no_grad()
 def prefill(model: PreTrainedModel, method: str, budget: float) -> ckv.CompressedCache:
-    ids, mask = padded_batch(LENGTHS, seed=0)
+    ids, mask = padded_batch(LENGTHS, seed=0, device=model.device)
     cache = ckv.CompressedCache.for_model(
         model, method, budget, window=WINDOW, head_scores=synthetic_head_scores(model)
     )
@@ -79,7 +79,7 @@ def test_kv_bytes_follow_kept_entries(
     else:
         assert cache.kv_bytes() <= (budget + 0.02) * full
         # every head holds its budget: floor(budget * length) per row on average
-        per_row = torch.tensor([int(budget * n) for n in LENGTHS])
+        per_row = torch.tensor([int(budget * n) for n in LENGTHS], device=kept.device)
         if isinstance(cache.method.budgets, (Pyramid, HeadPrior, LayerJoint)):  # vary by layer: same total
             assert torch.equal(kept.sum((0, 2)), kept.shape[0] * layer.num_kv_heads * per_row)
             assert bool((kept >= WINDOW).all())
@@ -116,7 +116,7 @@ def test_decoding_grows_the_cache_by_the_generated_tokens(
 ) -> None:
     model = models["llama"]
     budget = 0.2
-    ids, mask = padded_batch(LENGTHS, seed=0)
+    ids, mask = padded_batch(LENGTHS, seed=0, device=model.device)
     compressed_prompt = prefill(model, method, budget)
     scores = synthetic_head_scores(model)
     cache = ckv.CompressedCache.for_model(model, method, budget, window=WINDOW, head_scores=scores)
@@ -159,15 +159,15 @@ def test_decoding_grows_the_cache_by_the_generated_tokens(
     assert prefix_bytes == compressed_prompt.kv_bytes()
 
 
-def test_tail_growth_is_geometric() -> None:
+def test_tail_growth_is_geometric(device: torch.device) -> None:
     """Appending one token at a time reallocates O(log) times and never over-allocates."""
     layer = CompressedLayer(0)
     b, h, t, d = 1, 2, 10, 4
-    keys = torch.randn(b, h, t, d)
-    layer.set_prefix(keys, keys, torch.ones(b, h, t, dtype=torch.bool))
+    keys = torch.randn(b, h, t, d, device=device)
+    layer.set_prefix(keys, keys, torch.ones(b, h, t, dtype=torch.bool, device=device))
     reallocations, capacity = 0, 0
     for _ in range(2000):
-        layer.append(torch.randn(b, h, 1, d), torch.randn(b, h, 1, d))
+        layer.append(torch.randn(b, h, 1, d, device=device), torch.randn(b, h, 1, d, device=device))
         if layer.tail_capacity() != capacity:
             reallocations, capacity = reallocations + 1, layer.tail_capacity()
         spare = layer.tail_capacity() - layer.tail_len

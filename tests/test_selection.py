@@ -1,113 +1,35 @@
-"""Property-based invariants of top-k, budgets and selection on random layer states."""
+"""Property-based invariants of top-k, budgets and selection on random layer states.
+
+Runs on ``--device`` (tests/conftest.py): the cases are drawn on the CPU, then moved there."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import criticalkv as ckv
 from criticalkv.budgets import Adaptive, HeadPrior, LayerJoint, Pyramid, Uniform
-from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.tiers import build_prefix
 from criticalkv.scores import WindowAttention, projected_value_norms
-from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.select import Critical, TopK, topk_mask
 from criticalkv.state import LayerState
-from tests.random_state import o_proj_weight, random_state, with_all_queries
-from tests.synthetic_scores import bind_synthetic
+from tests.random_state import o_proj_weight, random_state, to_device
+from tests.selection_cases import (
+    Case,
+    assert_valid_selection,
+    cases,
+    check_layer_varying_budgets,
+    distinct_scores,
+    masked_scores,
+    method_for,
+    top_entries,
+)
 
 COMPRESSING = [name for name in ckv.available_methods() if name != "full"]
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
-
-
-@dataclass(frozen=True)
-class Case:
-    """A random layer state with a budget that the state can hold."""
-
-    state: LayerState
-    budget: Budget
-    tokens: torch.Tensor  # (B,) entries per head, from resolve_budget
-
-
-@st.composite
-def cases(draw: st.DrawFn, zero_keys: bool = False, zero_values: bool = False) -> Case:
-    window = draw(st.integers(1, 6))
-    batch = draw(st.integers(1, 3))
-    longest = draw(st.integers(window, 40))
-    lengths = [draw(st.integers(window, longest)) for _ in range(batch - 1)] + [longest]
-    lengths = draw(st.permutations(lengths))
-    state = random_state(
-        draw(st.integers(0, 2**16)),
-        lengths=lengths,
-        num_kv_heads=draw(st.integers(1, 3)),
-        group=draw(st.integers(1, 3)),
-        head_dim=draw(st.sampled_from([2, 4, 8])),
-        hidden=draw(st.integers(3, 16)),
-        window=window,
-        num_queries=window + draw(st.integers(0, 2)),
-        zero_keys=zero_keys,
-        zero_values=zero_values,
-    )
-    num_layers = draw(st.integers(1, 4))  # layer-wise and head-prior budgets depend on the layer
-    state = LayerState(
-        **{**state.__dict__, "num_layers": num_layers, "layer_idx": draw(st.integers(0, num_layers - 1))}
-    )
-    shortest = min(lengths)
-    tokens_budget = draw(st.integers(window, shortest))
-    fraction_budget = draw(st.floats(window / shortest, 1.0))
-    budget: Budget = tokens_budget if draw(st.booleans()) else fraction_budget
-    try:
-        tokens = ckv.resolve_budget(budget, state.lengths, window)
-    except ValueError:  # a fraction that rounds below the window
-        assume(False)
-    return Case(state, budget, tokens)
-
-
-def masked_scores(method: ckv.Method, state: LayerState) -> torch.Tensor:
-    """The scores ``Method.keep_mask`` hands to budgets and selection."""
-    assert method.scores is not None
-    return method.scores(state).float().masked_fill(~state.eligible, float("-inf"))
-
-
-def distinct_scores(state: LayerState, seed: int) -> torch.Tensor:
-    """(B, H_kv, T) pairwise distinct positive scores, ``-inf`` where not eligible."""
-    g = torch.Generator().manual_seed(seed)
-    n = state.batch_size * state.num_kv_heads * state.seq_len
-    scores = (torch.randperm(n, generator=g).float() + 1.0).view(state.eligible.shape) / n
-    return scores.masked_fill(~state.eligible, float("-inf"))
-
-
-def assert_valid_selection(keep: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> None:
-    """Exact per-head counts, window kept, no padding, each kept entry stored once in order."""
-    b, h, t = keep.shape
-    assert keep.dtype == torch.bool
-    assert keep.shape == (state.batch_size, state.num_kv_heads, state.seq_len)
-    assert torch.equal(keep.sum(-1), budgets), (keep.sum(-1), budgets)
-    assert bool(keep[..., t - state.window :].all()), "an observation-window entry was evicted"
-    assert not bool((keep & ~state.valid[:, None, :]).any()), "a padding position was kept"
-    # the ragged prefix built from the mask holds each kept position once, in position order
-    pos = torch.arange(t, dtype=torch.float32).view(1, 1, t, 1).expand(b, h, t, 1).contiguous()
-    prefix = build_prefix(pos, pos, keep)
-    assert prefix.num_entries == int(keep.sum())
-    assert sum(tier.keys.shape[0] * tier.keys.shape[1] for tier in prefix.tiers) == int(keep.sum())
-    flat = keep.reshape(b * h, t)
-    for s in range(b * h):
-        stored, _ = prefix.segment(s)
-        stored_pos = stored[:, 0].long()
-        assert bool((stored_pos[1:] > stored_pos[:-1]).all())
-        assert torch.equal(stored_pos, flat[s].nonzero()[:, 0])
-
-
-def top_entries(values: torch.Tensor, k: int, candidates: torch.Tensor) -> set[int]:
-    """Indices of the ``k`` largest ``values`` among ``candidates`` (1-D)."""
-    idx = candidates.nonzero()[:, 0]
-    order = torch.argsort(values[idx], descending=True, stable=True)
-    return set(idx[order[:k]].tolist())
 
 
 # --- topk_mask -----------------------------------------------------------------------------------
@@ -120,13 +42,14 @@ def top_entries(values: torch.Tensor, k: int, candidates: torch.Tensor) -> set[i
     n=st.integers(1, 30),
     ties=st.booleans(),
 )
-def test_topk_mask_takes_the_top_eligible(seed: int, rows: int, n: int, ties: bool) -> None:
+def test_topk_mask_takes_the_top_eligible(seed: int, rows: int, n: int, ties: bool, device: torch.device) -> None:
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(rows, n, generator=g)
     if ties:
         scores = scores.round().clamp(-1.0, 1.0)  # three values: many ties
     eligible = torch.rand(rows, n, generator=g) < 0.7
     k = torch.randint(0, n + 3, (rows,), generator=g)
+    scores, eligible, k = scores.to(device), eligible.to(device), k.to(device)
     mask = topk_mask(scores, k, eligible)
     assert mask.shape == scores.shape and mask.dtype == torch.bool
     assert torch.equal(mask.sum(-1), torch.minimum(k, eligible.sum(-1)))
@@ -138,60 +61,31 @@ def test_topk_mask_takes_the_top_eligible(seed: int, rows: int, n: int, ties: bo
             assert float(chosen.min()) >= float(unchosen.max())
 
 
-def test_topk_mask_counts_eligible_entries_scored_minus_inf() -> None:
+def test_topk_mask_counts_eligible_entries_scored_minus_inf(device: torch.device) -> None:
     """An eligible entry is chosen before any ineligible one, whatever its score."""
     inf = float("inf")
-    scores = torch.tensor([[-inf, -inf, -inf], [2.0, -inf, -inf]])
-    eligible = torch.tensor([[False, True, False], [True, False, True]])
-    mask = topk_mask(scores, torch.tensor([1, 3]), eligible)
+    scores = torch.tensor([[-inf, -inf, -inf], [2.0, -inf, -inf]], device=device)
+    eligible = torch.tensor([[False, True, False], [True, False, True]], device=device)
+    mask = topk_mask(scores, torch.tensor([1, 3], device=device), eligible)
     assert mask.tolist() == [[False, True, False], [True, False, True]]
 
 
-def test_topk_mask_zero_and_batched_k() -> None:
-    scores = torch.tensor([[[3.0, 1.0, 2.0]], [[0.0, 5.0, 4.0]]])
+def test_topk_mask_zero_and_batched_k(device: torch.device) -> None:
+    scores = torch.tensor([[[3.0, 1.0, 2.0]], [[0.0, 5.0, 4.0]]], device=device)
     eligible = torch.ones_like(scores, dtype=torch.bool)
-    assert not bool(topk_mask(scores, torch.zeros(2, 1, dtype=torch.long), eligible).any())
-    mask = topk_mask(scores, torch.tensor([[1], [2]]), eligible)
+    assert not bool(topk_mask(scores, torch.zeros(2, 1, dtype=torch.long, device=device), eligible).any())
+    mask = topk_mask(scores, torch.tensor([[1], [2]], device=device), eligible)
     assert mask.tolist() == [[[True, False, False]], [[False, True, True]]]
 
 
 # --- every compressing method --------------------------------------------------------------------
 
 
-def method_for(name: str, state: LayerState, seed: int = 0) -> tuple[ckv.Method, LayerState]:
-    """The method, head-prior budgets bound to synthetic scores, and the state with every prompt
-    query if its scores read them all (H2O)."""
-    method = bind_synthetic(ckv.get_method(name), state, seed)
-    if method.needs.queries == ALL_QUERIES:
-        state = with_all_queries(state, seed)
-    return method, state
-
-
-def check_layer_varying_budgets(method: ckv.Method, budgets: torch.Tensor, case: Case) -> None:
-    """Pyramid and head-prior budgets: this layer's entry of a whole-model allocation that keeps
-    ``L * H_kv * b`` entries per row, every head between its window and its row's length."""
-    state, tokens = case.state, case.tokens
-    h, n_layers = state.num_kv_heads, state.num_layers
-    if isinstance(method.budgets, Pyramid):
-        per_layer = method.budgets.layer_budgets(tokens, state.lengths, state.window, n_layers)
-        assert torch.equal(budgets, per_layer[:, state.layer_idx, None].expand(-1, h))
-        assert bool((per_layer[:, 1:] <= per_layer[:, :-1]).all()), "pyramid budgets grow with depth"
-        model = per_layer[:, :, None].expand(-1, -1, h)
-    else:
-        assert isinstance(method.budgets, HeadPrior)
-        model = method.budgets.model_budgets(tokens, state.lengths, state.window, n_layers, h)
-        assert torch.equal(budgets, model[:, state.layer_idx])
-    assert torch.equal(model.sum((1, 2)), n_layers * h * tokens)
-    assert bool((model >= state.window).all())
-    assert bool((model <= state.lengths[:, None, None]).all())
-    if n_layers == 1:
-        assert torch.equal(budgets.sum(-1), h * tokens)
-
-
 @pytest.mark.parametrize("name", COMPRESSING)
 @SETTINGS
 @given(case=cases())
-def test_method_keep_mask_invariants(name: str, case: Case) -> None:
+def test_method_keep_mask_invariants(name: str, case: Case, device: torch.device) -> None:
+    case = case.to(device)
     method, state = method_for(name, case.state, seed=int(case.tokens[0]))
     keep = method.keep_mask(state, case.tokens)
     # what keep_mask allocates on: the scores, or the selection's ranking of them (DefensiveKV)
@@ -211,8 +105,9 @@ def test_method_keep_mask_invariants(name: str, case: Case) -> None:
 @pytest.mark.parametrize("name", COMPRESSING)
 @SETTINGS
 @given(case=cases(zero_keys=True, zero_values=True))
-def test_method_keep_mask_with_all_scores_tied(name: str, case: Case) -> None:
+def test_method_keep_mask_with_all_scores_tied(name: str, case: Case, device: torch.device) -> None:
     """Zero keys give uniform attention and zero values zero norms: ties everywhere."""
+    case = case.to(device)
     method, state = method_for(name, case.state)
     keep = method.keep_mask(state, case.tokens)
     budgets = method.budgets(method.ranked_scores(state, case.tokens), state, case.tokens)
@@ -226,18 +121,20 @@ def test_method_keep_mask_with_all_scores_tied(name: str, case: Case) -> None:
 @pytest.mark.parametrize("selector", [TopK(), Critical(), Critical(alpha=0.0), Critical(alpha=1.0)])
 @SETTINGS
 @given(case=cases(zero_values=True))
-def test_selectors_with_equal_scores(selector: TopK | Critical, case: Case) -> None:
+def test_selectors_with_equal_scores(selector: TopK | Critical, case: Case, device: torch.device) -> None:
     """Every eligible score equal (and every norm zero): the window survives, counts are exact."""
+    case = case.to(device)
     state = case.state
-    scores = torch.zeros(state.eligible.shape).masked_fill(~state.eligible, float("-inf"))
+    scores = torch.zeros(state.eligible.shape, device=device).masked_fill(~state.eligible, float("-inf"))
     for allocator in (Uniform(), Adaptive()):
         budgets = allocator(scores, state, case.tokens)
         assert_valid_selection(selector(scores, budgets, state), budgets, state)
 
 
-def test_full_keeps_every_real_token() -> None:
+def test_full_keeps_every_real_token(device: torch.device) -> None:
     state = random_state(0, lengths=[9, 12], num_kv_heads=2, group=2, head_dim=4, window=3)
-    keep = ckv.get_method("full").keep_mask(state, torch.tensor([9, 12]))
+    state = to_device(state, device)
+    keep = ckv.get_method("full").keep_mask(state, torch.tensor([9, 12], device=device))
     assert torch.equal(keep, state.valid[:, None, :].expand(-1, 2, -1))
 
 
@@ -246,7 +143,8 @@ def test_full_keeps_every_real_token() -> None:
 
 @SETTINGS
 @given(case=cases(), alpha_floor=st.floats(0.0, 1.0), random_scores=st.booleans())
-def test_adaptive_budgets(case: Case, alpha_floor: float, random_scores: bool) -> None:
+def test_adaptive_budgets(case: Case, alpha_floor: float, random_scores: bool, device: torch.device) -> None:
+    case = case.to(device)
     state = case.state
     if random_scores:
         scores = distinct_scores(state, seed=int(case.tokens.sum()))
@@ -263,13 +161,14 @@ def test_adaptive_budgets(case: Case, alpha_floor: float, random_scores: bool) -
     assert torch.equal(Adaptive(1.0)(scores, state, case.tokens), case.tokens[:, None].expand(-1, h))
 
 
-def test_adaptive_follows_the_scores() -> None:
+def test_adaptive_follows_the_scores(device: torch.device) -> None:
     """One head with all the mass takes everything above the other heads' safeguard."""
     state = random_state(1, lengths=[30], num_kv_heads=3, group=1, head_dim=4, window=2)
-    scores = torch.rand(state.eligible.shape, generator=torch.Generator().manual_seed(0))
+    state = to_device(state, device)
+    scores = torch.rand(state.eligible.shape, generator=torch.Generator().manual_seed(0)).to(device)
     scores[:, 1] += 10.0
     scores = scores.masked_fill(~state.eligible, float("-inf"))
-    budgets = Adaptive(0.2)(scores, state, torch.tensor([10]))  # safeguard 2 = the window
+    budgets = Adaptive(0.2)(scores, state, torch.tensor([10], device=device))  # safeguard 2 = the window
     assert budgets.tolist() == [[2, 26, 2]]
 
 
@@ -283,7 +182,10 @@ def _budgets(case: Case, scores: torch.Tensor, adaptive: bool) -> torch.Tensor:
 
 @SETTINGS
 @given(case=cases(), alpha=st.floats(0.0, 1.0), adaptive=st.booleans())
-def test_critical_stage1_keeps_the_attention_top(case: Case, alpha: float, adaptive: bool) -> None:
+def test_critical_stage1_keeps_the_attention_top(
+    case: Case, alpha: float, adaptive: bool, device: torch.device
+) -> None:
+    case = case.to(device)
     state = case.state
     scores = distinct_scores(state, seed=int(case.tokens[0]))
     budgets = _budgets(case, scores, adaptive)
@@ -300,7 +202,8 @@ def test_critical_stage1_keeps_the_attention_top(case: Case, alpha: float, adapt
 @pytest.mark.parametrize("name", ["critical-snapkv", "critical-adakv"])
 @SETTINGS
 @given(case=cases())
-def test_critical_methods_stage1_on_window_attention(name: str, case: Case) -> None:
+def test_critical_methods_stage1_on_window_attention(name: str, case: Case, device: torch.device) -> None:
+    case = case.to(device)
     method = ckv.get_method(name)
     state = case.state
     assert isinstance(method.select, Critical)
@@ -317,7 +220,8 @@ def test_critical_methods_stage1_on_window_attention(name: str, case: Case) -> N
 
 @SETTINGS
 @given(case=cases(), adaptive=st.booleans(), distinct=st.booleans())
-def test_critical_with_alpha_one_is_topk(case: Case, adaptive: bool, distinct: bool) -> None:
+def test_critical_with_alpha_one_is_topk(case: Case, adaptive: bool, distinct: bool, device: torch.device) -> None:
+    case = case.to(device)
     state = case.state
     scores = distinct_scores(state, 7) if distinct else masked_scores(ckv.get_method("snapkv"), state)
     budgets = _budgets(case, scores, adaptive)
@@ -326,7 +230,10 @@ def test_critical_with_alpha_one_is_topk(case: Case, adaptive: bool, distinct: b
 
 @SETTINGS
 @given(case=cases(), adaptive=st.booleans())
-def test_critical_with_alpha_zero_ranks_by_attention_times_norm(case: Case, adaptive: bool) -> None:
+def test_critical_with_alpha_zero_ranks_by_attention_times_norm(
+    case: Case, adaptive: bool, device: torch.device
+) -> None:
+    case = case.to(device)
     state = case.state
     scores = distinct_scores(state, 11)
     budgets = _budgets(case, scores, adaptive)
@@ -342,24 +249,26 @@ def test_critical_with_alpha_zero_ranks_by_attention_times_norm(case: Case, adap
             assert picked == expected
 
 
-def test_critical_differs_from_topk_when_norms_disagree() -> None:
+def test_critical_differs_from_topk_when_norms_disagree(device: torch.device) -> None:
     """Stage 2 is not attention top-k: a low-attention entry with a huge value norm gets in."""
     state = random_state(3, lengths=[20], num_kv_heads=1, group=2, head_dim=4, window=2)
-    scores = torch.linspace(1.0, 0.5, 20)[None, None].clone()
+    state = to_device(state, device)
+    scores = torch.linspace(1.0, 0.5, 20, device=device)[None, None].clone()
     scores = scores.masked_fill(~state.eligible, float("-inf"))
     values = state.values.clone()
     values[0, 0, 17] *= 1e3  # lowest eligible attention, largest norm
     state = LayerState(**{**state.__dict__, "values": values})
-    budgets = torch.tensor([[6]])
+    budgets = torch.tensor([[6]], device=device)
     critical = Critical()(scores, budgets, state)
     topk = TopK()(scores, budgets, state)
     assert bool(critical[0, 0, 17]) and not bool(topk[0, 0, 17])
     assert bool(critical[0, 0, 0])  # stage 1 (floor(0.5 * 6) - 2 = 1 entry) keeps the top score
 
 
-def test_window_attention_scores_ignore_padding_keys() -> None:
+def test_window_attention_scores_ignore_padding_keys(device: torch.device) -> None:
     """Large padding keys must not change the attention of real tokens."""
     state = random_state(5, lengths=[10, 16], num_kv_heads=2, group=3, head_dim=4, window=3)
+    state = to_device(state, device)
     scores = WindowAttention()(state)
     keys = state.keys.clone()
     keys[0, :, :6] = -keys[0, :, :6]
