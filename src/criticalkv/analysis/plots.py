@@ -9,15 +9,7 @@ from typing import Any
 import numpy as np
 
 from criticalkv.analysis.aggregate import GroupStats, PairStats, budget_order
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from criticalkv.plotting import pyplot
 
 
 def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: str) -> Path:
@@ -26,7 +18,7 @@ def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: s
     Cell value ``1 - L_critical / L_base`` of the sample-mean perturbation on the ``queries``
     set ("window" or "decode"); blue where the Critical variant lowers it, red where it raises it.
     """
-    plt = _pyplot()
+    plt = pyplot()
     bases = list(dict.fromkeys(p.base.method for p in pairs))
     budgets = sorted({str(p.budget): p.budget for p in pairs}.values(), key=budget_order)
     cells = {(p.base.method, str(p.budget)): p for p in pairs}
@@ -103,7 +95,7 @@ def _curve(ax: Any, groups: Sequence[GroupStats], value: Any, ylabel: str) -> No
 
 def plot_curves(groups: Sequence[GroupStats], pairs: Sequence[PairStats], path: Path, title: str) -> Path:
     """Mean perturbation, hidden-state drift and share of heads improved, versus budget."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     _curve(axes[0][0], groups, lambda g: float(g.heads["perturbation_window"].mean()), "mean ||o - o_hat||_1, window")
     axes[0][0].set_title("head-output perturbation, window queries", fontsize=9)

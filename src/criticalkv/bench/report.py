@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from criticalkv.plotting import pyplot
+
 MB = 1e6
 
 
@@ -80,10 +82,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
 def plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """Decode ms/token vs context length per (impl, method) at batch 1 and the first budget, and
     bars of compression time as a share of the prefill."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [r for r in derived(records) if r["batch_size"] == min(x["batch_size"] for x in records)]
     budgets = sorted({r["budget"] for r in rows if r["method"] != "full"})

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
+from criticalkv.plotting import pyplot
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime import continue_generation, prefill
 
@@ -146,10 +147,7 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
 
 def plot(table: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """Accuracy vs budget per method, and KV memory per configuration, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     full = [r for r in table if r["method"] == "full"]

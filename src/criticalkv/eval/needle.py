@@ -7,12 +7,11 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-#: RULER's noise haystack sentence
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-_KEYS = [
-    "amber-harbor", "quiet-meadow", "silver-canyon", "lucky-falcon", "misty-orchard", "brave-lantern",
-    "velvet-river", "rapid-glacier", "golden-willow", "hidden-summit", "crimson-valley", "gentle-breeze",
-]  # fmt: skip
+from criticalkv.datafiles import word_list
+from criticalkv.haystack import needle_in_noise, needle_question, needle_sentence
+
+#: the keys a needle is named by (``data/words/needle_keys.txt``)
+_KEYS = word_list("needle_keys")
 
 
 @dataclass(frozen=True)
@@ -41,18 +40,8 @@ def make_needle_sample(
     depth = rng.random() if depth is None else depth
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], not {depth}")
-    needle = f" One of the special magic numbers for {key} is: {answer}."
-    intro = (
-        "A special magic number is hidden within the following text. Make sure to memorize it. "
-        "I will quiz you about the number afterwards.\n"
-    )
-    per_noise = len(tokenizer(" " + NOISE, add_special_tokens=False)["input_ids"])
-    fixed = len(tokenizer(intro + needle, add_special_tokens=False)["input_ids"])
-    repeats = max(1, (length - fixed) // max(per_noise, 1))
-    sentences = [NOISE] * repeats
-    sentences.insert(round(depth * repeats), needle.strip())
-    context = intro + " ".join(sentences)
-    question = f"What is the special magic number for {key} mentioned in the provided text?"
+    context = needle_in_noise(tokenizer, length, needle_sentence(key, answer), depth, sized_with_space=True)
+    question = needle_question(key)
     return NeedleSample(context, question, answer, key, depth)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.store import read_results
+from criticalkv.plotting import pyplot
 
 AVERAGE = "average"
 FIELDS = [
@@ -175,10 +176,7 @@ def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None) -> list[Path]:
     """score_vs_budget.png, tasks_at_budget.png, nll_vs_budget.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     avg = [r for r in rows if r["length"] == "all" and r["task"] == AVERAGE]
     methods = [m for m in dict.fromkeys(r["method"] for r in avg) if m != "full"]

@@ -15,16 +15,13 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from criticalkv.datafiles import word_list
+from criticalkv.haystack import needle_in_noise, needle_question, needle_sentence
 from criticalkv.prompts import split_prompt
 
-#: RULER's noise haystack sentence
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-_INTRO = (
-    "A special magic number is hidden within the following text. Make sure to memorize it. "
-    "I will quiz you about the number afterwards.\n"
-)
-_ADJECTIVES = ["amber", "quiet", "silver", "lucky", "misty", "brave", "velvet", "rapid", "golden", "hidden", "crimson"]
-_NOUNS = ["harbor", "meadow", "canyon", "falcon", "orchard", "lantern", "river", "glacier", "willow", "summit"]
+#: the two halves of a needle's ``adjective-noun`` key (``data/words/scoring_*.txt``)
+_ADJECTIVES = word_list("scoring_adjectives")
+_NOUNS = word_list("scoring_nouns")
 
 
 @dataclass(frozen=True)
@@ -77,14 +74,9 @@ def make_retrieval_sample(
     rng = random.Random(seed)
     key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
     answer = str(rng.randint(1_000_000, 9_999_999))
-    needle = f"One of the special magic numbers for {key} is: {answer}."
-    per_noise = len(tokenizer(" " + NOISE, add_special_tokens=False)["input_ids"])
-    fixed = len(tokenizer(_INTRO + needle, add_special_tokens=False)["input_ids"])
-    repeats = max(1, (length - fixed) // max(per_noise, 1))
-    sentences = [NOISE] * repeats
-    sentences.insert(round(depth * repeats), needle)
-    context = _INTRO + " ".join(sentences)
-    question = f"What is the special magic number for {key} mentioned in the provided text?"
+    needle = needle_sentence(key, answer)
+    context = needle_in_noise(tokenizer, length, needle, depth)
+    question = needle_question(key)
     head, tail = split_prompt(tokenizer, context, question, chat)
     prefix = f"The special magic number for {key} is "
     if tail and not tail[-1].isspace():  # e.g. "Answer:" without a chat template
