@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from criticalkv.bench.measure import now
-from criticalkv.compat import cache_argument
+from criticalkv.runtime.forward import append_tokens
 
 
 @torch.no_grad()
@@ -22,18 +22,11 @@ def timed_decode(model: Any, cache: Any, first_token: torch.Tensor, context_toke
     device = first_token.device
     batch = int(first_token.shape[0])
     token = first_token.view(batch, 1)
+    mask = torch.ones(batch, context_tokens, dtype=torch.long, device=device)
     start = 0.0
     for step in range(steps + 1):
         if step == 1:
             start = now(device)
-        position = context_tokens + step
-        mask = torch.ones(batch, position + 1, dtype=torch.long, device=device)
-        out = model(
-            input_ids=token,
-            attention_mask=mask,
-            position_ids=torch.full((batch, 1), position, dtype=torch.long, device=device),
-            **cache_argument(model, cache),
-            use_cache=True,
-        )
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        logits, mask = append_tokens(model, cache, mask, token)
+        token = logits[:, -1].argmax(-1, keepdim=True)
     return (now(device) - start) / steps

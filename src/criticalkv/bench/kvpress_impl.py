@@ -22,6 +22,7 @@ from criticalkv.bench.decode import timed_decode
 from criticalkv.bench.measure import now, reset_peak_memory, synchronize
 from criticalkv.bench.ours import dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
+from criticalkv.runtime.forward import prefill_into
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,7 @@ def measure_kvpress(
     cache = DynamicCache(config=model.config)
     start = now(device)
     with press(model):
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, logits_to_keep=1)
-    first = out.logits[:, -1].argmax(-1)
+        first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
     kv = dynamic_cache_bytes(cache)
     entry = 2 * _kv_width(model) * next(model.parameters()).element_size()

@@ -12,9 +12,9 @@ from criticalkv.bench.measure import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.compat import cache_argument
 from criticalkv.methods import Method
 from criticalkv.runtime.attach import attach
+from criticalkv.runtime.forward import prefill_into
 
 
 def dynamic_cache_bytes(cache: Any) -> int:
@@ -36,8 +36,7 @@ def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchReco
     reset_peak_memory(device)
     cache = DynamicCache(config=model.config)
     start = now(device)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
-    first = out.logits[:, -1].argmax(-1)
+    first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
     kv = dynamic_cache_bytes(cache)
     step_s = timed_decode(model, cache, first, length, decode_tokens)
@@ -68,8 +67,7 @@ def measure_criticalkv(
     cache = CompressedCache.for_model(model, method, budget, window=window)
     cache.synchronize_timing = True
     start = now(device)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
-    first = out.logits[:, -1].argmax(-1)
+    first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
     kv, kv_full = cache.kv_bytes(), cache.kv_bytes_full()
     step_s = timed_decode(model, cache, first, length, decode_tokens)

@@ -19,7 +19,7 @@ from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
 from criticalkv.plotting import pyplot
 from criticalkv.prompts import encode_pair, left_pad
-from criticalkv.runtime import continue_generation, prefill
+from criticalkv.runtime import continue_generation, decode_answers, eos_ids, input_device, prefill
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ def run_demo(
     window that holds just the question works far better than 32 or 64 (docs/results/demo-default.md).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = next(model.parameters()).device
+    device = input_device(model)
+    eos = eos_ids(model, tokenizer)
     configs = [("full", 1.0)] if "full" in methods else []
     configs += [(m, b) for m in methods if m != "full" for b in budgets]
     rows: list[DemoRow] = []
@@ -83,9 +84,7 @@ def run_demo(
             new = continue_generation(model, cache, ids, mask, first, max_new_tokens, pad_token_id=pad_id)
             done = time.perf_counter()
             tokens = new[0].tolist()
-            eos = tokenizer.eos_token_id
-            cut = tokens.index(eos) if eos in tokens else len(tokens)
-            answer = tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
+            answer = decode_answers(tokenizer, new[:1], eos)[0][0]
             rows.append(
                 DemoRow(
                     sample=i,

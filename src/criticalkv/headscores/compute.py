@@ -43,12 +43,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from criticalkv.cache.capture import CaptureCache
-from criticalkv.compat import cache_argument
 from criticalkv.headscores.binding import model_name as name_of
 from criticalkv.headscores.file import HeadScores, architecture
 from criticalkv.headscores.needles import make_retrieval_sample
 from criticalkv.runtime.attach import attach
+from criticalkv.runtime.forward import capture_prefill, input_device
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)
@@ -135,16 +134,14 @@ def score_sample(
     model: Any, input_ids: list[int], prompt_len: int, needle: tuple[int, int]
 ) -> tuple[dict[str, torch.Tensor], float]:
     """Per-variant (L, H_q) scores of one sample and the share of answer tokens greedy decoding produces."""
-    attach(model)
-    device = next(model.parameters()).device
+    device = input_device(model)
     answer = torch.tensor(input_ids[prompt_len:], device=device)
     n = int(answer.shape[0])
     ids = torch.tensor([input_ids[:-1]], device=device)  # the last answer token produces nothing we score
-    capture = CaptureCache(model.config.num_hidden_layers, window=n, num_queries=n)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, capture), logits_to_keep=n)
-    accuracy = float((out.logits[0].argmax(-1) == answer).float().mean())
+    states, logits = capture_prefill(model, ids, torch.ones_like(ids), window=n, num_queries=n, logits_to_keep=n)
+    accuracy = float((logits[0].argmax(-1) == answer).float().mean())
     per_layer: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
-    for state in capture.states():
+    for state in states:
         scores = head_scores_of(answer_attention(state)[0], ids[0], answer, needle)
         for variant, value in scores.items():
             per_layer[variant].append(value.double().cpu())

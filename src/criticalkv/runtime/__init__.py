@@ -10,6 +10,7 @@
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.forward import (
     append_tokens,
+    capture_prefill,
     continue_generation,
     decode_answers,
     eos_ids,
@@ -27,6 +28,7 @@ __all__ = [
     "Mode",
     "append_tokens",
     "attach",
+    "capture_prefill",
     "check_mode",
     "continue_generation",
     "decode_answers",

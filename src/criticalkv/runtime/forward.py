@@ -34,11 +34,26 @@ def prefill(
     window: int,
     num_queries: int | None = None,
 ) -> tuple[list[LayerState], torch.Tensor]:
-    """Run the full prefill once; return every layer's state and the last position's logits.
+    """Run the full prefill once; return every layer's state and the last position's (B, V) logits.
 
     Build any number of compressed caches from the states with
     :meth:`CompressedCache.from_states` and continue with :func:`continue_generation`.
     """
+    states, logits = capture_prefill(model, input_ids, attention_mask, window=window, num_queries=num_queries)
+    return states, logits[:, -1]
+
+
+@torch.no_grad()
+def capture_prefill(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    window: int,
+    num_queries: int | None = None,
+    logits_to_keep: int = 1,
+) -> tuple[list[LayerState], torch.Tensor]:
+    """:func:`prefill` keeping the (B, logits_to_keep, V) logits of the last positions."""
     attach(model)
     capture = CaptureCache(model.config.num_hidden_layers, window=window, num_queries=num_queries)
     out = model(
@@ -46,9 +61,9 @@ def prefill(
         attention_mask=attention_mask,
         position_ids=positions(attention_mask),
         **cache_argument(model, capture),
-        logits_to_keep=1,
+        logits_to_keep=logits_to_keep,
     )
-    return capture.states(), out.logits[:, -1]
+    return capture.states(), out.logits
 
 
 @torch.no_grad()
