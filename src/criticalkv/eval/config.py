@@ -112,3 +112,9 @@ class SweepConfig:
         options = data.pop("options")
         data["out"] = str(self.out)
         return {**data, **FLAT_DEFAULTS, **options}
+
+
+# the flat options are arguments only (they live in ``options``): reading one off a config fails
+# instead of returning the class-level default
+for _name in FLAT_DEFAULTS:
+    delattr(SweepConfig, _name)
