@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from criticalkv.cli import main
+from criticalkv.commands import methods as methods_command
+from criticalkv.commands.common import UsageError
 from criticalkv.eval.needle import make_needle_sample
 
 
@@ -42,6 +44,30 @@ def test_generate_rejects_bad_arguments(
         main(["generate", "--context-file", str(ctx), "--question", "q?", *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [ValueError("--lengths must be positive"), UsageError("no tasks given")])
+def test_usage_errors_are_one_line(
+    error: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(args: object) -> int:
+        raise error
+
+    monkeypatch.setattr(methods_command, "run", run)
+    assert main(["methods"]) == 2
+    assert capsys.readouterr().err == f"criticalkv: error: {error}\n"
+
+
+def test_a_type_error_from_a_bug_shows_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(args: object) -> int:
+        return len(3)  # type: ignore[arg-type]  # a bug
+
+    monkeypatch.setattr(methods_command, "run", run)
+    with pytest.raises(TypeError, match="has no len"):  # not caught: Python prints the traceback
+        main(["methods"])
+    assert "criticalkv: error" not in capsys.readouterr().err
 
 
 def test_generate_rejects_missing_or_empty_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

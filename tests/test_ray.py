@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.ray_runner import CRASH_FILE_ENV, RayOptions, build_units, run_sweep_ray
+from criticalkv.eval.ray_runner import RayOptions, build_units, run_sweep_ray
 from criticalkv.eval.runner import SweepConfig, run_sweep
 from criticalkv.models import load_model, load_tokenizer
 from tests.conftest import make_tiny
@@ -89,8 +90,25 @@ def crash_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hooks") / "crash-once"
 
 
+def crash_once(flag: Path) -> Callable[[], None]:
+    """A worker hook: the first worker that removes ``flag`` exits at once, as if it were killed.
+
+    The hook is a closure, so Ray pickles it by value: workers need not import this module.
+    """
+    path = str(flag)
+
+    def hook() -> None:
+        try:
+            os.remove(path)  # only one worker wins
+        except FileNotFoundError:
+            return
+        os._exit(1)
+
+    return hook
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(crash_file: Path) -> Iterator[Any]:
+def ray_cluster() -> Iterator[Any]:
     if not HAVE_RAY:
         pytest.skip("ray is not installed (pip install 'criticalkv[ray]')")
     import ray
@@ -100,7 +118,6 @@ def ray_cluster(crash_file: Path) -> Iterator[Any]:
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {CRASH_FILE_ENV: str(crash_file)}},
     )
     yield ray
     ray.shutdown()
@@ -178,7 +195,7 @@ class _Method:
 
 
 def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path: Path) -> None:
-    from criticalkv.eval import ray_runner
+    from criticalkv.eval import ray_dispatch, ray_runner
     from criticalkv.eval.sample import Sample
     from criticalkv.eval.unit import UnitItem, record_key
 
@@ -204,9 +221,9 @@ def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path:
         return worker
 
     fake = _FakeRay()
-    pool = ray_runner._Pool(fake, spawn, 1)  # type: ignore[arg-type]
+    pool = ray_dispatch.WorkerPool(fake, spawn, 1)  # type: ignore[arg-type]
     done: set[str] = set()
-    ray_runner._dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
+    ray_dispatch.dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
     keys = [store.result_key(r) for r in store.read_results(tmp_path)]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
     assert calls.count(0) == 2 and len(fake.killed) == 1  # unit 0 ran again, on a fresh worker
@@ -334,6 +351,6 @@ def test_a_worker_killed_midway_loses_and_duplicates_nothing(
     crash_file.write_text("the first worker to remove this file exits after its first sample")
     out = tmp_path / "run"
     options = RayOptions(workers=2, samples_per_unit=2, max_restarts=max_restarts)
-    run_sweep_ray(_config(out, folder), options)
+    run_sweep_ray(_config(out, folder), options, after_sample=crash_once(crash_file))
     assert not crash_file.exists(), "no worker died"
     _assert_same(_records(out), reference)

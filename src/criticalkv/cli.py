@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {m.NAME: m for m in COMMANDS}[args.command]
     try:
         return int(command.run(args))
-    except (UsageError, ValueError, TypeError) as err:
+    except (UsageError, ValueError) as err:  # what the user can fix; anything else is a bug: its traceback shows
         logging.getLogger("criticalkv").debug("command failed", exc_info=True)
         print(f"criticalkv: error: {err}", file=sys.stderr)
         return 2

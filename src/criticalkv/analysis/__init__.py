@@ -6,7 +6,9 @@ perturbation ``||o - o_hat||_1``, its bound ``theta``, and the final hidden-stat
 * :mod:`~criticalkv.analysis.bound` -- the kept mass ``sigma`` and the bound ``theta``.
 * :mod:`~criticalkv.analysis.drift` -- final-layer hidden-state drift (L1, cosine).
 * :mod:`~criticalkv.analysis.queries` -- recording the decode queries of a forward pass.
-* :mod:`~criticalkv.analysis.runner` -- the experiment (``criticalkv perturbation``).
+* :mod:`~criticalkv.analysis.configs`, :mod:`~criticalkv.analysis.spec`,
+  :mod:`~criticalkv.analysis.measure`, :mod:`~criticalkv.analysis.runner` -- the experiment
+  (``criticalkv perturbation``): what is compared, what a folder measures, one sample, the run.
 * :mod:`~criticalkv.analysis.store`, :mod:`~criticalkv.analysis.aggregate`,
   :mod:`~criticalkv.analysis.report`, :mod:`~criticalkv.analysis.plots` -- resumable results,
   aggregation over samples, ``heads.csv`` / ``summary.md`` and the figures.

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from criticalkv.analysis.bound import kept_mass, perturbation_bound
+from criticalkv.scores.value_norms import projected_value_norms
 
 logger = logging.getLogger(__name__)
 
@@ -151,13 +152,17 @@ def _check_keep(weights: torch.Tensor, keep: torch.Tensor, values: torch.Tensor)
 def head_value_norms(
     values: torch.Tensor, o_proj_weight: torch.Tensor, *, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> torch.Tensor:
-    """``n_i^h = ||V_i W_O^h||_1`` for every query head (not the GQA group mean), in chunks.
+    """``n_i^h = ||V_i W_O^h||_1`` for every query head (not the GQA group mean), in float32.
+
+    The selection's :func:`~criticalkv.scores.value_norms.projected_value_norms` (exact
+    precision), once per position ``j`` in the query-head groups: the query heads ``k * G + j``
+    of all KV heads ``k`` form a "group" of one head each, so its group mean is each head's norm.
 
     Parameters
     ----------
     values : (B, H_kv, T, d).
     o_proj_weight : (D, H_q * d).
-    max_chunk_bytes : bound on one chunk's (B, H_q, T_chunk, D) projected values.
+    max_chunk_bytes : bound on one chunk's projected values.
 
     Returns
     -------
@@ -166,15 +171,13 @@ def head_value_norms(
     if max_chunk_bytes < 1:
         raise ValueError(f"max_chunk_bytes must be positive, not {max_chunk_bytes}")
     b, h_kv, t, d = values.shape
-    w_o = split_o_proj(o_proj_weight, h_kv, d)
+    w_o = split_o_proj(o_proj_weight, h_kv, d)  # (H_kv, G, d, D); checks the shapes
     g, hidden = w_o.shape[1], w_o.shape[-1]
-    chunk = max(1, max_chunk_bytes // (4 * b * h_kv * g * hidden))
-    norms = torch.empty(b, h_kv * g, t, dtype=torch.float32, device=values.device)
-    for start in range(0, t, chunk):
-        stop = min(t, start + chunk)
-        projected = torch.matmul(values[:, :, None, start:stop, :].float(), w_o[None])  # (B, H_kv, G, c, D)
-        norms[:, :, start:stop] = projected.abs().sum(-1).view(b, h_kv * g, stop - start)
-    return norms
+    v = values.float()
+    # the o_proj columns of query heads k * G + j, for k = 0 .. H_kv - 1: (D, H_kv * d)
+    columns = [w_o[:, j].permute(2, 0, 1).reshape(hidden, h_kv * d) for j in range(g)]
+    norms = [projected_value_norms(v, c, precision="exact", max_chunk_bytes=max_chunk_bytes) for c in columns]
+    return torch.stack(norms, dim=2).view(b, h_kv * g, t)
 
 
 @torch.no_grad()

@@ -44,13 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from criticalkv.eval.config import SweepConfig
     from criticalkv.eval.report import build_report
-    from criticalkv.eval.ruler import TASK_NAMES
-    from criticalkv.eval.runner import SweepConfig
 
-    ruler_all = args.tasks == "all" and args.benchmark == "ruler"  # LongBench's groups resolve in SweepConfig
-    tasks = list(TASK_NAMES) if ruler_all else [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks and not args.dataset:
+    tasks = None if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if tasks == [] and not args.dataset:
         raise UsageError("no tasks given")
     kwargs = {} if args.methods is None else {"methods": args.methods}
     config = SweepConfig(

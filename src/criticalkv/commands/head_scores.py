@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         lengths=args.lengths, depths=args.depths, seed=args.seed, min_accuracy=args.min_accuracy, chat=not args.no_chat
     )
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    if not getattr(tokenizer, "is_fast", False):  # the scoring raises TypeError: here it is the user's model
+        raise UsageError("head scoring needs a fast tokenizer (it locates the needle by character offsets)")
     started = time.perf_counter()
     scores = compute_head_scores(model, tokenizer, params, model_name=model_name(model.config))
     written = [scores.save(args.out)]

@@ -29,7 +29,7 @@ from criticalkv.runtime import continue_generation, prefill
 from criticalkv.scores.queries import resolve_num_queries
 
 if TYPE_CHECKING:
-    from criticalkv.eval.runner import SweepConfig
+    from criticalkv.eval.config import SweepConfig
 
 Pair = tuple[str, Budget]
 

@@ -1,0 +1,120 @@
+"""What a sweep runs (:class:`SweepConfig`), shared by the local and the Ray runners and the evaluator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import InitVar, asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from criticalkv.budgets.resolve import Budget
+from criticalkv.cache.compressed_cache import check_window
+from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
+from criticalkv.eval.sample import Sample
+from criticalkv.methods import get_method
+from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
+
+#: the sweep's own settings in the run identity; the benchmark adds its part after them
+IDENTITY_KEYS = ("benchmark", "model", "mode", "window", "seed", "max_new_tokens", "chat")
+#: identity keys every folder names (``None`` where its benchmark lacks them), as before
+#: benchmarks had their own options: folders written then resume unchanged
+LEGACY_IDENTITY: dict[str, Any] = {"qa_source": None, "dataset": None}
+
+
+@dataclass
+class SweepConfig:
+    """What a sweep runs. ``identity()`` must match to resume into an existing folder.
+
+    ``tasks``: the benchmark's task names (``None``: its default, every RULER task or every
+    LongBench dataset). ``options``: the benchmark's own options dataclass (e.g.
+    :class:`~criticalkv.eval.benchmarks.RulerOptions`); left ``None``, it is built from the flat
+    ``qa_source``, ``dataset``, ``data_dir`` and ``longbench_e`` (the command line's spelling).
+    """
+
+    out: Path
+    benchmark: str = "ruler"
+    tasks: list[str] | None = None
+    lengths: list[int] = field(default_factory=lambda: [1024])
+    methods: list[str] = field(default_factory=lambda: ["full", "snapkv", "critical-snapkv", "adakv", "critical-adakv"])
+    budgets: list[Budget] = field(default_factory=lambda: [0.1, 0.2, 0.4])
+    samples: int = 10
+    mode: str = "question-aware"
+    model: str = "default"
+    window: int | None = None
+    seed: int = 0
+    max_new_tokens: int | None = None
+    chat: bool = True
+    options: Any = None
+    qa_source: InitVar[str | None] = None
+    dataset: InitVar[str | None] = None
+    data_dir: InitVar[str | None] = None
+    longbench_e: InitVar[bool] = False
+
+    def __post_init__(
+        self, qa_source: str | None, dataset: str | None, data_dir: str | None, longbench_e: bool
+    ) -> None:
+        check_mode(self.mode)
+        self.window = check_window(DEFAULT_WINDOWS[self.mode] if self.window is None else self.window)
+        flat = {"qa_source": qa_source, "dataset": dataset, "data_dir": data_dir, "longbench_e": longbench_e}
+        self.options = self._options(flat)
+        self.tasks, self.options = self.bench.prepare(self.tasks, self.options)
+        if self.max_new_tokens is None:
+            self.max_new_tokens = self.bench.max_new_tokens
+        self._check_grid()
+
+    def _options(self, flat: dict[str, Any]) -> Any:
+        bench = self.bench
+        if self.options is None:
+            return bench.options_from_flat(flat)
+        if flat != FLAT_DEFAULTS:
+            raise ValueError("give the benchmark's options either as options= or as flat arguments, not both")
+        if not isinstance(self.options, bench.options_type):
+            raise ValueError(f"the {bench.name} benchmark takes {bench.options_type.__name__}, not {self.options!r}")
+        return self.options
+
+    def _check_grid(self) -> None:
+        for method in self.methods:
+            get_method(method)
+        if self.samples < 1:
+            raise ValueError("samples must be at least 1")
+        if any(n < 128 for n in self.lengths):
+            raise ValueError("lengths must be at least 128 tokens")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+
+    @property
+    def bench(self) -> Benchmark:
+        """The registered benchmark this sweep runs."""
+        return get_benchmark(self.benchmark)
+
+    @property
+    def draw(self) -> Draw:
+        """Which samples the sweep asks of its benchmark."""
+        return Draw(list(self.tasks or []), list(self.lengths), self.samples, self.seed)
+
+    def identity(self) -> dict[str, Any]:
+        """What must match to resume: the sweep's settings, then the benchmark's part."""
+        own = {k: getattr(self, k) for k in IDENTITY_KEYS}
+        return {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
+
+    def configs(self) -> list[tuple[str, Budget]]:
+        """(method, budget) pairs: ``full`` once at budget 1.0, every other method at every budget."""
+        out: list[tuple[str, Budget]] = [("full", 1.0)] if "full" in self.methods else []
+        return out + [(m, b) for m in self.methods if m != "full" for b in self.budgets]
+
+    def iter_samples(self, tokenizer: Any) -> Iterator[tuple[int, Sample]]:
+        """``(length, sample)`` of the whole sweep, in run order."""
+        return self.bench.samples(self.draw, self.options, tokenizer)
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
+        data = asdict(self)
+        options = data.pop("options")
+        data["out"] = str(self.out)
+        return {**data, **FLAT_DEFAULTS, **options}
+
+
+# the flat options are arguments only (they live in ``options``): reading one off a config fails
+# instead of returning the class-level default
+for _name in FLAT_DEFAULTS:
+    delattr(SweepConfig, _name)

@@ -1,0 +1,22 @@
+"""Results folders shared by the sweeps and the analysis: a JSON config file (the run identity
+and its history) beside an append-only JSONL log of records, resumed by key.
+
+* :mod:`~criticalkv.runs.jsonl` -- the append-only, crash-safe JSONL log.
+* :mod:`~criticalkv.runs.folder` -- the config file: identity check on resume, history, atomic writes.
+* :mod:`~criticalkv.runs.provenance` -- library versions, platform and git commit.
+"""
+
+from criticalkv.runs.folder import FolderLayout, open_folder, read_json, write_json
+from criticalkv.runs.jsonl import JsonLines
+from criticalkv.runs.provenance import git_commit, provenance, versions
+
+__all__ = [
+    "FolderLayout",
+    "JsonLines",
+    "git_commit",
+    "open_folder",
+    "provenance",
+    "read_json",
+    "versions",
+    "write_json",
+]

@@ -1,0 +1,91 @@
+"""A results folder's config file: the run identity, checked on resume, and a growing history."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FolderLayout:
+    """How one kind of results folder keeps its config file.
+
+    Attributes
+    ----------
+    config_file : its name (``run.json``, ``config.json``).
+    identity_key : the entry holding the identity: what must match to resume into the folder.
+    history_key : the entry listing one item per run.
+    exact : ``True``: the identities must be equal; ``False``: only the keys of the new identity
+        are compared (a folder written before a key existed resumes).
+    mismatch : the error message on a mismatch, with ``{out}`` and ``{diff}`` fields.
+    separator : between the ``"key: a there, b now"`` parts of ``{diff}``.
+    trailing_newline : end the file with a newline.
+    """
+
+    config_file: str
+    identity_key: str
+    history_key: str
+    exact: bool
+    mismatch: str
+    separator: str = "; "
+    trailing_newline: bool = False
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (an empty dict if there is none)."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_json(path: Path, data: Mapping[str, Any], trailing_newline: bool = False) -> None:
+    """Write ``data`` (indented) through a temporary file, so a reader never sees half of it."""
+    staging = path.with_suffix(path.suffix + ".tmp")
+    staging.write_text(json.dumps(data, indent=2) + ("\n" if trailing_newline else ""))
+    os.replace(staging, path)
+
+
+def identity_diff(layout: FolderLayout, before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"key: a there, b now"`` for each key whose value differs (see :attr:`FolderLayout.exact`)."""
+    keys = sorted(set(before) | set(now)) if layout.exact else list(now)
+    return [f"{k}: {before.get(k)!r} there, {now.get(k)!r} now" for k in keys if before.get(k) != now.get(k)]
+
+
+def open_folder(
+    out_dir: Path,
+    layout: FolderLayout,
+    identity: Mapping[str, Any],
+    entry: Any | None = None,
+    *,
+    new: Callable[[], dict[str, Any]] = dict,
+    update: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create ``out_dir``'s config file, or check that the one there has the same identity.
+
+    ``entry`` (if any) is appended to the history; ``new()`` gives the extra entries of a new
+    file, ``update`` those rewritten on every run. Returns what was written.
+
+    Raises
+    ------
+    ValueError
+        If the folder holds results of another identity (:attr:`FolderLayout.mismatch`).
+    """
+    out_dir = Path(out_dir)
+    path = out_dir / layout.config_file
+    config = read_json(path)
+    if path.is_file():
+        diff = identity_diff(layout, config.get(layout.identity_key, {}), identity)
+        if diff:
+            raise ValueError(layout.mismatch.format(out=out_dir, diff=layout.separator.join(diff)))
+        config[layout.identity_key] = dict(identity)
+    else:
+        config = {layout.identity_key: dict(identity), **new(), layout.history_key: []}
+    if entry is not None:
+        config[layout.history_key] = [*config.get(layout.history_key, []), entry]
+    config.update(update or {})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(path, config, layout.trailing_newline)
+    return config
