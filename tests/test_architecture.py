@@ -11,7 +11,6 @@ from tests.architecture import MAX_LINES, import_cycles, layering_violations, lo
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "criticalkv"
-REDESIGN = pytest.mark.xfail(strict=True, reason="fixed by the redesign branches; remove when merged")
 
 
 def report(problem: str, fix: str, offenders: list[str]) -> str:
@@ -27,7 +26,6 @@ def test_the_checkers_read_the_real_package() -> None:
     assert "criticalkv.state" in package.imports["criticalkv.cache.compressed_cache"]
 
 
-@REDESIGN
 def test_no_import_circles() -> None:
     cycles = import_cycles(PACKAGE)
     assert not cycles, report(
@@ -37,7 +35,6 @@ def test_no_import_circles() -> None:
     )
 
 
-@REDESIGN
 def test_core_imports_no_outer_code_and_no_forbidden_part() -> None:
     violations = layering_violations(PACKAGE)
     assert not violations, report(
@@ -48,13 +45,11 @@ def test_core_imports_no_outer_code_and_no_forbidden_part() -> None:
     )
 
 
-@REDESIGN
 def test_source_files_are_short() -> None:
     long = long_files(SRC)
     assert not long, report(f"source files over {MAX_LINES} lines", "split each into modules by concern", long)
 
 
-@REDESIGN
 def test_no_attribute_probing_of_methods() -> None:
     probes = method_probes(PACKAGE)
     assert not probes, report(
