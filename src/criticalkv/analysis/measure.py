@@ -27,11 +27,10 @@ from criticalkv.analysis.spec import RunSpec
 from criticalkv.analysis.store import round_floats
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.compat import cache_argument
 from criticalkv.eval.needle import make_needle_sample
 from criticalkv.methods import get_method
-from criticalkv.prompts import encode_pair, positions
-from criticalkv.runtime import prefill
+from criticalkv.prompts import encode_pair
+from criticalkv.runtime import append_tokens, input_device, prefill
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)
@@ -54,15 +53,7 @@ class _Prefilled:
 
 def _decode_hidden(model: Any, cache: CompressedCache, prompt_mask: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Final-layer hidden states (B, n, D) of the ``answer`` tokens decoded (teacher-forced) on ``cache``."""
-    mask = torch.cat([prompt_mask, torch.ones_like(answer)], dim=1)
-    out = model(
-        input_ids=answer,
-        attention_mask=mask,
-        position_ids=positions(mask)[:, -answer.shape[1] :],
-        **cache_argument(model, cache),
-        output_hidden_states=True,
-        logits_to_keep=1,
-    )
+    out, _ = append_tokens(model, cache, prompt_mask, answer, output_hidden_states=True, logits_to_keep=1)
     hidden: torch.Tensor = out.hidden_states[-1]
     return hidden.float()
 
@@ -74,7 +65,7 @@ def _prefill(model: Any, tokenizer: Any, index: int, spec: RunSpec) -> _Prefille
     answer_ids = list(tokenizer(sample.answer, add_special_tokens=False)["input_ids"])
     if not answer_ids:
         raise ValueError(f"the tokenizer turns the answer {sample.answer!r} into no tokens")
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = torch.tensor([ctx + qst], dtype=torch.long, device=device)
     mask = torch.ones_like(ids)
     answer = torch.tensor([answer_ids], dtype=torch.long, device=device)

@@ -27,6 +27,6 @@ def timed_decode(model: Any, cache: Any, first_token: torch.Tensor, context_toke
     for step in range(steps + 1):
         if step == 1:
             start = now(device)
-        logits, mask = append_tokens(model, cache, mask, token)
-        token = logits[:, -1].argmax(-1, keepdim=True)
+        out, mask = append_tokens(model, cache, mask, token)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
     return (now(device) - start) / steps

@@ -20,6 +20,7 @@ from criticalkv.bench.record import BenchRecord
 from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.compressed_cache import check_window
 from criticalkv.methods import Method, get_method
+from criticalkv.runtime.forward import input_device
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def run_bench(
             )
         if kvpress is not None and kvpress_model is None:
             raise ValueError("comparing with kvpress needs kvpress_model, a second copy of the model")
-    device = next(model.parameters()).device
+    device = input_device(model)
     done: set[str] = set()
     records_path = None
     if out is not None:

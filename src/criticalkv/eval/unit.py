@@ -17,15 +17,22 @@ import torch
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
-from criticalkv.compat import cache_argument
-from criticalkv.eval.fidelity import answer_logprobs, fidelity
+from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
 from criticalkv.eval.store import result_key
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
-from criticalkv.prompts import left_pad, positions
-from criticalkv.runtime import continue_generation, prefill
+from criticalkv.prompts import left_pad
+from criticalkv.runtime import (
+    append_tokens,
+    continue_generation,
+    decode_answers,
+    eos_ids,
+    input_device,
+    prefill,
+    teacher_forced_logprobs,
+)
 from criticalkv.scores.queries import resolve_num_queries
 
 if TYPE_CHECKING:
@@ -85,7 +92,8 @@ class SampleEvaluator:
             )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         # inputs go where the embeddings are (the first device when a model is sharded)
-        self.device = model.get_input_embeddings().weight.device
+        self.device = input_device(model)
+        self.eos = eos_ids(model, tokenizer)
         self.window = int(config.window or 0)
         self.methods = {name: bind(get_method(name), model) for name in {"full", *config.methods}}
         needs = NOTHING
@@ -127,30 +135,24 @@ class SampleEvaluator:
         kv_full = kv_rows[0]
         batch_mask = mask.expand(k, -1)
         first_logits = last_logits.expand(k, -1) if aware else None
-        logprobs = answer_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
+        logprobs = teacher_forced_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
         t1 = time.perf_counter()
         full_ids, full_mask = ids.expand(k, -1), batch_mask
         if aware:
             first = last_logits.argmax(-1).expand(k)
         else:
             q = torch.tensor([qst], dtype=torch.long, device=device).expand(k, -1)
+            out, full_mask = append_tokens(model, cache, batch_mask, q)
             full_ids = torch.cat([full_ids, q], 1)
-            full_mask = torch.cat([batch_mask, torch.ones_like(q)], 1)
-            q_pos = positions(full_mask)[:, -q.shape[1] :]
-            logits = model(
-                input_ids=q, attention_mask=full_mask, position_ids=q_pos, **cache_argument(model, cache)
-            ).logits
-            first = logits[:, -1].argmax(-1)
+            first = out.logits[:, -1].argmax(-1)
         generated = continue_generation(model, cache, full_ids, full_mask, first, max_new, pad_token_id=self.pad_id)
         decode_s = time.perf_counter() - t1
-        eos = tokenizer.eos_token_id
+        answers, counts = decode_answers(tokenizer, generated, self.eos)
         records = []
         for row, (method, budget) in enumerate(rows):
             if row == 0 and ("full", 1.0) not in pending:
                 continue
-            new = generated[row].tolist()
-            cut = new.index(eos) if eos in new else len(new)
-            answer = str(tokenizer.decode(new[:cut], skip_special_tokens=True)).strip()
+            answer, cut = answers[row], counts[row]
             fid = fidelity(logprobs[row], logprobs[0], gold)
             records.append(
                 {

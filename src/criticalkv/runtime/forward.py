@@ -82,12 +82,13 @@ def prefill_into(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask
 
 @torch.no_grad()
 def append_tokens(
-    model: Any, cache: Any, attention_mask: torch.Tensor, tokens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: Any, cache: Any, attention_mask: torch.Tensor, tokens: torch.Tensor, **forward_kwargs: Any
+) -> tuple[Any, torch.Tensor]:
     """Feed ``tokens`` (B, n) after what ``cache`` holds (described by ``attention_mask``, (B, T)).
 
-    Returns the (B, n, V) logits of the appended positions and the (B, T + n) attention mask
-    that now describes the cache. Positions continue each row's real tokens (padding skipped).
+    Returns the model's output (``.logits`` of the appended positions; ``forward_kwargs`` such
+    as ``output_hidden_states=True`` go to the forward) and the (B, T + n) attention mask that
+    now describes the cache. Positions continue each row's real tokens (padding skipped).
     """
     mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
     out = model(
@@ -95,8 +96,9 @@ def append_tokens(
         attention_mask=mask,
         position_ids=positions(mask)[:, -tokens.shape[1] :],
         **cache_argument(model, cache),
+        **forward_kwargs,
     )
-    return out.logits, mask
+    return out, mask
 
 
 @torch.no_grad()
@@ -116,8 +118,8 @@ def teacher_forced_logprobs(
     answer alone and its first token is predicted by those logits. Every row gets the same suffix.
     """
     ids = torch.tensor([list(suffix)], dtype=torch.long, device=prompt_mask.device).expand(prompt_mask.shape[0], -1)
-    logits, _ = append_tokens(model, cache, prompt_mask, ids)
-    logits = logits.float()
+    out, _ = append_tokens(model, cache, prompt_mask, ids)
+    logits = out.logits.float()
     if first_logits is not None:
         picked = torch.cat([first_logits.float()[:, None, :], logits[:, : answer_len - 1]], dim=1)
     else:
