@@ -76,9 +76,7 @@ class BenchConfig:
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
     """``method`` with its selection's value-norm precision set (methods without one unchanged)."""
-    if precision is None or not method.needs.value_norms:
-        return method
-    return method.with_options(precision=precision)
+    return method.with_norm_precision(precision)
 
 
 def record_key(record: BenchRecord | dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from criticalkv.commands import scale
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
 from criticalkv.runtime import MODES
+from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 NAME = "eval"
 HELP = "run a resumable sweep of methods x budgets on RULER, LongBench or a JSONL dataset"
@@ -39,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--qa-source", default=None, help="SQuAD/HotpotQA data for qa_1/qa_2 (default: offline synthetic)")
     p.add_argument("--no-chat", action="store_true")
+    p.add_argument(
+        "--norm-precision",
+        choices=NORM_PRECISIONS,
+        default=None,
+        help="dtype of the Critical selections' value norms (default: each method's own, 'auto')",
+    )
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
     scale.add_arguments(p)  # --device-map, --ray ...
 
@@ -64,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
+        norm_precision=args.norm_precision,
         qa_source=args.qa_source,
         dataset=args.dataset,
         data_dir=args.data_dir,

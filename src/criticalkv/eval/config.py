@@ -13,6 +13,7 @@ from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_bench
 from criticalkv.eval.sample import Sample
 from criticalkv.methods import get_method
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
+from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 #: the sweep's own settings in the run identity; the benchmark adds its part after them
 IDENTITY_KEYS = ("benchmark", "model", "mode", "window", "seed", "max_new_tokens", "chat")
@@ -44,6 +45,9 @@ class SweepConfig:
     seed: int = 0
     max_new_tokens: int | None = None
     chat: bool = True
+    #: dtype of the Critical selections' ``||V W_O||`` (``None``: each method's own, ``"auto"``);
+    #: in the identity only when set, so folders made before the option resume unchanged
+    norm_precision: str | None = None
     options: Any = None
     qa_source: InitVar[str | None] = None
     dataset: InitVar[str | None] = None
@@ -81,6 +85,8 @@ class SweepConfig:
             raise ValueError("lengths must be at least 128 tokens")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
+            raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
 
     @property
     def bench(self) -> Benchmark:
@@ -95,7 +101,8 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """What must match to resume: the sweep's settings, then the benchmark's part."""
         own = {k: getattr(self, k) for k in IDENTITY_KEYS}
-        return {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
+        extra = {} if self.norm_precision is None else {"norm_precision": self.norm_precision}
+        return {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options), **extra}
 
     def configs(self) -> list[tuple[str, Budget]]:
         """(method, budget) pairs: ``full`` once at budget 1.0, every other method at every budget."""
@@ -110,6 +117,8 @@ class SweepConfig:
         """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
         data = asdict(self)
         options = data.pop("options")
+        if data["norm_precision"] is None:
+            del data["norm_precision"]
         data["out"] = str(self.out)
         return {**data, **FLAT_DEFAULTS, **options}
 

@@ -96,6 +96,13 @@ class Method:
                 parts[label] = dataclasses.replace(part, **mine)
         return dataclasses.replace(self, **parts)
 
+    def with_norm_precision(self, precision: str | None) -> Method:
+        """The method with the dtype of its ``||V W_O||`` products set (``"auto"``, ``"exact"``, ...),
+        if it reads value norms (``needs.value_norms``); other methods, or ``None``, unchanged."""
+        if precision is None or not self.needs.value_norms:
+            return self
+        return self.with_options(precision=precision)
+
     def keep_mask(self, state: LayerState, budget: torch.Tensor) -> torch.Tensor:
         """(B, H_kv, T) bool mask of the entries to keep, given (B,) entries per head.
 
