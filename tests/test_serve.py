@@ -216,6 +216,7 @@ def test_binding_beyond_localhost_needs_a_key() -> None:
     assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before loading a model
 
 
+@pytest.mark.slow
 def test_concurrent_clients_each_get_one_complete_answer(server, reference) -> None:
     url, engine = server
     shared = [document(10 + i) for i in range(3)]
