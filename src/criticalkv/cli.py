@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from criticalkv.commands import bench, demo, generate, head_scores, methods
+from criticalkv.commands import bench, demo, generate, head_scores, methods, serve
 from criticalkv.commands import eval as eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
@@ -24,6 +24,7 @@ COMMANDS: list[ModuleType] = [
     perturbation_command,
     head_scores,
     bench,
+    serve,
 ]
 
 

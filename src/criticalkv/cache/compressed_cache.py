@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
 from criticalkv.scores.queries import resolve_num_queries
@@ -255,6 +257,15 @@ class CompressedCache(Cache):
             theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True
             theirs.owns_prefix = False  # shared read-only: appends go to the clone's own tail
         return clone
+
+    def save(self, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
+        """Write the cache to ``path`` atomically; returns the file's bytes (see :mod:`~criticalkv.cache.persist`)."""
+        return save_cache(self, path, model, tokenizer, **fields)
+
+    @classmethod
+    def load(cls, path: str | Path, model: Any, tokenizer: Any = None) -> CompressedCache:
+        """A cache saved by :meth:`save`, checked whole and for this model and tokenizer."""
+        return load_cache(cls, path, model, tokenizer)
 
     # --- accounting ------------------------------------------------------------------------------
     def kv_bytes(self) -> int:

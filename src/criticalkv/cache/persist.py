@@ -1,0 +1,296 @@
+"""Saving a compressed cache to a file and loading it back, for the model it was computed with.
+
+The file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file. Per layer it holds
+the kept keys and values (the tiers of the ragged prefix, concatenated: exactly the prefix's
+bytes), the segment order and lengths, the kept positions (the keep mask, 1 bit per prompt
+position) and the decode tail's used entries. Its JSON header (the ``criticalkv`` metadata key)
+holds what makes the cache valid: the model and tokenizer fingerprints
+(:mod:`~criticalkv.cache.fingerprint`), the method, budget, window, the prompt lengths, the
+library version, caller fields such as the mode, and a SHA-256 checksum of every tensor and
+the rest of the header. The write is atomic (a temporary file in the same folder, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from criticalkv.cache.fingerprint import model_fingerprint, tokenizer_fingerprint
+from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.tiers import RaggedPrefix, Tier
+from criticalkv.methods import Method, bind, get_method
+
+FORMAT = "criticalkv-cache"
+FORMAT_VERSION = 1
+HEADER_KEY = "criticalkv"
+
+
+class CacheFileError(ValueError):
+    """A cache file that cannot be loaded: truncated, corrupted, or not a criticalkv cache."""
+
+
+class IncompatibleCacheError(ValueError):
+    """A cache file saved for another model or tokenizer (the message says which differs)."""
+
+
+class _Cache(Protocol):
+    num_layers: int
+    method: Method
+    budget: Any
+    window: int
+    real_prompt_tokens: torch.Tensor | None
+    _budget_tokens: torch.Tensor | None
+
+    def __init__(self, num_layers: int, method: Method, budget: Any, window: int) -> None: ...
+
+    @property
+    def compressed_layers(self) -> list[CompressedLayer]: ...
+
+
+C = TypeVar("C", bound=_Cache)
+
+
+def library_version() -> str:
+    try:
+        return package_metadata.version("criticalkv")
+    except package_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _json_options(method: Method) -> dict[str, Any]:
+    """The method's options that survive JSON (numbers, strings, booleans, None)."""
+    return {k: v for k, v in method.options().items() if v is None or isinstance(v, (bool, int, float, str))}
+
+
+def _layer_tensors(i: int, layer: CompressedLayer) -> dict[str, torch.Tensor]:
+    prefix = layer.prefix
+    if prefix is None or layer.keep is None:
+        raise ValueError("only a cache that holds a compressed prompt can be saved; prefill it first")
+    keep = layer.keep.detach().to("cpu", torch.bool).reshape(-1).numpy()
+    tensors = {
+        f"{i}.keys": torch.cat([t.keys.reshape(-1) for t in prefix.tiers]) if prefix.tiers else _empty(layer),
+        f"{i}.values": torch.cat([t.values.reshape(-1) for t in prefix.tiers]) if prefix.tiers else _empty(layer),
+        f"{i}.perm": prefix.perm,
+        f"{i}.lengths": prefix.lengths,
+        f"{i}.keep": torch.from_numpy(np.packbits(keep)),
+    }
+    if layer.tail_len and layer.tail_keys is not None and layer.tail_values is not None:
+        tensors[f"{i}.tail_keys"] = layer.tail_keys[:, : layer.tail_len]
+        tensors[f"{i}.tail_values"] = layer.tail_values[:, : layer.tail_len]
+    return tensors
+
+
+def _empty(layer: CompressedLayer) -> torch.Tensor:
+    return torch.empty(0, dtype=layer.dtype, device=layer.device)
+
+
+def _layer_header(layer: CompressedLayer) -> dict[str, Any]:
+    assert layer.prefix is not None and layer.keep is not None  # checked by _layer_tensors
+    return {
+        "batch_size": layer.batch_size,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_dim": layer.head_dim,
+        "prompt_len": int(layer.keep.shape[-1]),
+        "prefix_len": layer.prefix_len,
+        "identity": layer.prefix.identity,
+        "tail_len": layer.tail_len,
+        "tail_capacity": layer.tail_capacity(),
+        "tail_may_have_padding": layer.tail_may_have_padding,
+        "dtype": str(layer.dtype).removeprefix("torch."),
+    }
+
+
+def _checksum(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().to("cpu")
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def save_cache(cache: _Cache, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
+    """Write ``cache`` (computed by ``model``, on ids from ``tokenizer``) to ``path``, atomically.
+
+    ``fields`` (JSON values, e.g. ``mode="question-agnostic"``) are stored in the header and
+    returned by :func:`read_header`. Returns the file's size in bytes: the cache's
+    :meth:`~CompressedCache.kv_bytes` (without spare tail capacity) plus a small header.
+    """
+    layers = cache.compressed_layers
+    if cache.real_prompt_tokens is None or cache._budget_tokens is None:
+        raise ValueError("only a cache that holds a compressed prompt can be saved; prefill it first")
+    tensors: dict[str, torch.Tensor] = {
+        "real_prompt_tokens": cache.real_prompt_tokens,
+        "budget_tokens": cache._budget_tokens,
+    }
+    for i, layer in enumerate(layers):
+        tensors.update(_layer_tensors(i, layer))
+    tensors = {k: v.detach().contiguous().to("cpu") for k, v in tensors.items()}
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "library_version": library_version(),
+        "model": model_fingerprint(model),
+        "tokenizer": None if tokenizer is None else tokenizer_fingerprint(tokenizer),
+        "method": cache.method.name,
+        "method_options": _json_options(cache.method),
+        "budget": cache.budget,
+        "window": cache.window,
+        "num_layers": cache.num_layers,
+        "prompt_tokens": [int(n) for n in cache.real_prompt_tokens.tolist()],
+        "layers": [_layer_header(layer) for layer in layers],
+        "fields": fields,
+    }
+    header["checksum"] = _checksum(tensors, header)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        save_file(tensors, temporary, metadata={HEADER_KEY: json.dumps(header)})
+        with open(temporary, "rb+") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_folder(target.parent)
+    return target.stat().st_size
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform that cannot open folders (Windows): the rename is durable enough
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a cache file (not verified against its checksum; :func:`load_cache` is)."""
+    return _read(Path(path), tensors=False)[0]
+
+
+def _read(path: Path, tensors: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no cache file at {path}")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as opened:
+            raw = (opened.metadata() or {}).get(HEADER_KEY)
+        loaded = load_file(str(path), device="cpu") if tensors else {}
+    except Exception as error:  # safetensors raises its own error types for truncated files
+        raise CacheFileError(f"cache file {path} is truncated or corrupted ({error})") from error
+    if raw is None:
+        raise CacheFileError(f"{path} is a safetensors file but not a criticalkv cache (no {HEADER_KEY!r} header)")
+    try:
+        header = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise CacheFileError(f"cache file {path} has a corrupted header ({error})") from error
+    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+        raise CacheFileError(
+            f"{path} is format {header.get('format')!r} version {header.get('format_version')!r}; this criticalkv "
+            f"reads {FORMAT!r} version {FORMAT_VERSION} (saved by criticalkv {header.get('library_version')})"
+        )
+    return header, loaded
+
+
+def check_compatible(header: dict[str, Any], model: Any, tokenizer: Any, path: Path | str) -> None:
+    """Raise :class:`IncompatibleCacheError` unless ``model`` (and ``tokenizer``) match the file's."""
+    saved, mine = header["model"], model_fingerprint(model)
+    if saved["hash"] != mine["hash"]:
+        differs = [k for k in saved["config"] if saved["config"][k] != mine["config"].get(k)]
+        why = f"config fields {', '.join(differs)} differ" if differs else "its weights or dtype differ"
+        if not differs and saved.get("dtype") != mine["dtype"]:
+            why = f"dtype {saved.get('dtype')} vs {mine['dtype']}"
+        raise IncompatibleCacheError(
+            f"cache file {path} was saved for another model ({saved.get('name') or 'unnamed'}); this model "
+            f"({mine['name'] or 'unnamed'}) does not match: {why}"
+        )
+    if tokenizer is not None and header.get("tokenizer") is not None:
+        theirs, ours = header["tokenizer"], tokenizer_fingerprint(tokenizer)
+        if theirs["hash"] != ours["hash"]:
+            raise IncompatibleCacheError(
+                f"cache file {path} was saved for another tokenizer ({theirs.get('name') or 'unnamed'}, "
+                f"{theirs.get('vocab_size')} tokens); this one ({ours['name'] or 'unnamed'}, {ours['vocab_size']} "
+                "tokens) has another vocabulary, special tokens or chat template"
+            )
+
+
+def load_cache(
+    cls: type[C],
+    path: str | Path,
+    model: Any,
+    tokenizer: Any = None,
+    device: torch.device | str | None = None,
+) -> C:
+    """Read a cache written by :func:`save_cache` for ``model`` (and ``tokenizer``).
+
+    Checks, in this order, that the file is whole (it parses and its checksum matches:
+    :class:`CacheFileError`) and that it was saved for this model and tokenizer
+    (:class:`IncompatibleCacheError`); nothing is decoded from a file that fails. The tensors
+    go to ``device`` (default: the device of the model's input embeddings).
+    """
+    path = Path(path)
+    header, tensors = _read(path)
+    expected = header.pop("checksum", None)
+    if expected != _checksum(tensors, header):
+        raise CacheFileError(f"cache file {path} is corrupted: its checksum does not match its contents")
+    check_compatible(header, model, tokenizer, path)
+    where = torch.device(device) if device is not None else model.get_input_embeddings().weight.device
+    method = get_method(header["method"])
+    changed = {k: v for k, v in header["method_options"].items() if method.options().get(k, v) != v}
+    cache = cls(header["num_layers"], bind(method.with_options(**changed), model), header["budget"], header["window"])
+    cache.real_prompt_tokens = tensors["real_prompt_tokens"].to(where)
+    cache._budget_tokens = tensors["budget_tokens"].to(where)
+    for i, (layer, info) in enumerate(zip(cache.compressed_layers, header["layers"], strict=True)):
+        _restore_layer(layer, info, {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{i}.")}, where)
+    return cache
+
+
+def _restore_layer(
+    layer: CompressedLayer, info: dict[str, Any], t: dict[str, torch.Tensor], where: torch.device
+) -> None:
+    b, h, d = info["batch_size"], info["num_kv_heads"], info["head_dim"]
+    perm, lengths = t["perm"].to(where), t["lengths"].to(where)
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(perm.shape[0], device=where)
+    sorted_lengths = lengths[perm].tolist()
+    tiers, previous, offset = [], 0, 0
+    keys, values = t["keys"].to(where), t["values"].to(where)
+    for level in sorted(set(sorted_lengths)):
+        if level == 0:
+            continue
+        n, width = sum(1 for x in sorted_lengths if x >= level), level - previous
+        size = n * width * d
+        part = slice(offset, offset + size)
+        tiers.append(Tier(keys[part].view(n, width, d), values[part].view(n, width, d)))
+        offset, previous = offset + size, level
+    keep_bits = np.unpackbits(t["keep"].numpy(), count=b * h * info["prompt_len"]).astype(bool)
+    layer.prefix = RaggedPrefix(tiers, perm, inv_perm, lengths, identity=info["identity"])
+    layer.keep = torch.from_numpy(keep_bits).view(b, h, info["prompt_len"]).to(where)
+    layer.batch_size, layer.num_kv_heads, layer.head_dim = b, h, d
+    layer.device, layer.dtype = where, keys.dtype
+    layer.prefix_len, layer.owns_prefix, layer.is_initialized = info["prefix_len"], True, True
+    layer.tail_keys = layer.tail_values = None
+    layer.tail_len, layer.fused = 0, None
+    if info["tail_len"]:
+        layer._grow_tail(info["tail_capacity"])
+        assert layer.tail_keys is not None and layer.tail_values is not None
+        layer.tail_keys[:, : info["tail_len"]] = t["tail_keys"].to(where)
+        layer.tail_values[:, : info["tail_len"]] = t["tail_values"].to(where)
+        layer.tail_len = info["tail_len"]
+    layer.tail_may_have_padding = info["tail_may_have_padding"]

@@ -1,0 +1,74 @@
+"""``criticalkv serve``: an OpenAI-compatible HTTP server over compressed, stored contexts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
+
+NAME = "serve"
+HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
+API_KEY_ENV = "CRITICALKV_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--method", type=method_arg, default="critical-adakv", help="the default method")
+    p.add_argument("--methods", type=methods_arg, default=[], help="other methods a request may ask for (a,b,...)")
+    p.add_argument("--budget", type=budget_arg, default=0.2, help="the default budget, a fraction of the context")
+    p.add_argument("--min-budget", type=float, default=0.01, help="the smallest budget a request may ask for")
+    p.add_argument("--window", type=int, default=64, help="the default observation window (tokens)")
+    p.add_argument("--max-window", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens one answer may ask for")
+    p.add_argument("--memory-cap", type=float, default=2048, help="MiB of stored contexts' KV held in memory")
+    p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
+    p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
+    p.add_argument("--force", action="store_true", help="listen beyond localhost without an API key")
+
+
+def run(args: argparse.Namespace) -> int:
+    from criticalkv.serve import Engine, ServerConfig, build_app, check_binding
+    from criticalkv.serve.errors import APIError
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    check_binding(args.host, api_key, args.force)
+    if isinstance(args.budget, int):
+        raise UsageError("--budget must be a fraction of the context in (0, 1] for the server")
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-sessions", args.max_sessions)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if args.memory_cap <= 0:
+        raise UsageError("--memory-cap must be a positive number of MiB")
+    config = ServerConfig(
+        model_name=args.model,
+        method=args.method,
+        budget=args.budget,
+        window=args.window,
+        methods=tuple(args.methods),
+        min_budget=args.min_budget,
+        max_window=args.max_window,
+        max_new_tokens=args.max_new_tokens,
+        memory_cap_bytes=int(args.memory_cap * 2**20),
+        max_sessions=args.max_sessions,
+        store=args.store,
+        api_key=api_key,
+    )
+    try:
+        config.compression(None, None, None)  # the defaults must lie within the limits
+    except APIError as error:
+        raise UsageError(error.message) from error
+    import uvicorn
+
+    from criticalkv.models import load_model
+
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    engine = Engine(model, tokenizer, config)
+    logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
+    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+    return 0

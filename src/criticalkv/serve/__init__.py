@@ -1,0 +1,14 @@
+"""An OpenAI-compatible HTTP server over compressed, stored contexts (``criticalkv serve``).
+
+* :mod:`~criticalkv.serve.app`: the FastAPI routes; :mod:`~criticalkv.serve.chat`: chat completions;
+* :mod:`~criticalkv.serve.engine`: the model, admission and the worker thread;
+  :mod:`~criticalkv.serve.session`: one answer decoded step by step;
+* :mod:`~criticalkv.serve.store`: stored contexts under a memory cap, spilled to disk;
+* :mod:`~criticalkv.serve.metrics`: ``/metrics`` in Prometheus' text format.
+"""
+
+from criticalkv.serve.app import build_app
+from criticalkv.serve.config import ServerConfig, check_binding
+from criticalkv.serve.engine import Engine
+
+__all__ = ["Engine", "ServerConfig", "build_app", "check_binding"]

@@ -1,0 +1,127 @@
+"""The FastAPI application: the OpenAI-compatible routes, the contexts resource, ``/metrics``.
+
+Every error answers with OpenAI's error body (``{"error": {"message", "type", "param",
+"code"}}``); with an API key, every route requires ``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from criticalkv.serve.chat import answer
+from criticalkv.serve.engine import Engine
+from criticalkv.serve.errors import APIError, invalid
+from criticalkv.serve.schemas import ChatRequest, ContextCreate
+from criticalkv.serve.session import Channel
+
+
+def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+    problems = error.errors()
+    if any(p.get("type") == "json_invalid" for p in problems):
+        return "the request body is not valid JSON", None
+    first = problems[0] if problems else {}
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    return f"{where or 'body'}: {first.get('msg', 'invalid value')}", where
+
+
+def build_app(engine: Engine) -> FastAPI:
+    """The server's application around ``engine`` (started and stopped with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="criticalkv", lifespan=lifespan)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, error: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(error)
+        return JSONResponse(invalid(message, param).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(error.status_code, str(error.detail), type=kind).body(), error.status_code)
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        key = engine.config.api_key
+        if key:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                error = APIError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                )
+                return JSONResponse(error.body(), status_code=401)
+        return await call_next(request)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": engine.config.model_name, "object": "model", "created": created, "owned_by": "criticalkv"}
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest) -> Response:
+        return await answer(body, engine)
+
+    @app.post("/v1/contexts")
+    async def create_context(body: ContextCreate) -> dict[str, Any]:
+        method, budget, window = engine.config.compression(body.method, body.budget, body.window)
+        if not body.text.strip():
+            raise invalid("text is empty; send the document to compress", "text")
+        ids = engine.context_ids(body.text)
+        if len(ids) < window:
+            raise invalid(
+                f"the document has {len(ids)} tokens, fewer than the observation window ({window}); "
+                "send a longer document or a smaller window",
+                "text",
+            )
+        if len(ids) >= engine.max_positions:
+            raise invalid(
+                f"the document has {len(ids)} tokens; this model accepts {engine.max_positions} in all",
+                "text",
+                "context_length_exceeded",
+            )
+        engine.admit()
+        channel = Channel(asyncio.get_running_loop())
+        engine.submit_context(ids, method, budget, window, channel)
+        kind, value = await channel.get()
+        if kind == "error":
+            raise value
+        return dict(value)
+
+    @app.get("/v1/contexts/{context_id}")
+    async def get_context(context_id: str) -> dict[str, Any]:
+        return engine.store.info(context_id)
+
+    @app.delete("/v1/contexts/{context_id}")
+    async def delete_context(context_id: str) -> dict[str, Any]:
+        engine.store.delete(context_id)
+        return {"id": context_id, "object": "context.deleted", "deleted": True}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = engine.metrics.render(engine.store.stats(), engine.queue_depth(), engine.active())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return app

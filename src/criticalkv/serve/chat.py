@@ -1,0 +1,151 @@
+"""``POST /v1/chat/completions``: validating a request, then answering it whole or over SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from criticalkv.serve.engine import Engine
+from criticalkv.serve.errors import APIError, invalid, not_found
+from criticalkv.serve.schemas import ChatRequest
+from criticalkv.serve.session import Channel, ChatWork
+
+
+def _too_long(total: int, limit: int) -> APIError:
+    return invalid(
+        f"this model accepts {limit} tokens; the context, question and max_tokens need {total}; "
+        "use a shorter document or question, or fewer max_tokens",
+        "messages",
+        "context_length_exceeded",
+    )
+
+
+def validate(body: ChatRequest, engine: Engine) -> ChatWork:
+    """The request as :class:`ChatWork`, or an :class:`APIError` saying what to fix."""
+    config = engine.config
+    if body.model != config.model_name:
+        raise APIError(
+            404,
+            f"model {body.model!r} is not served here; use {config.model_name!r}",
+            param="model",
+            code="model_not_found",
+            type="not_found_error",
+        )
+    if body.n not in (None, 1):
+        raise invalid("only n=1 is supported", "n")
+    if body.temperature not in (None, 0):
+        raise invalid("only greedy decoding is served: leave temperature out or set it to 0", "temperature")
+    if body.top_p not in (None, 1):
+        raise invalid("only greedy decoding is served: leave top_p out or set it to 1", "top_p")
+    if body.stop:
+        raise invalid("stop sequences are not supported", "stop")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = config.max_new_tokens if max_tokens is None else max_tokens
+    if not 1 <= max_tokens <= config.max_new_tokens:
+        raise invalid(f"max_tokens must be in [1, {config.max_new_tokens}], not {max_tokens}", "max_tokens")
+    question = body.messages[-1].text().strip() if body.messages[-1].role == "user" else ""
+    if not question:
+        raise invalid("the last message must be a user message with a non-empty question", "messages")
+    admitted = time.perf_counter()
+    if body.context_id is not None:
+        if not engine.store.has(body.context_id):
+            raise not_found(f"no context {body.context_id!r}; create one with POST /v1/contexts", "context_id")
+        if len(body.messages) != 1:
+            raise invalid("with context_id, send the question as the only (user) message", "messages")
+        info = engine.store.info(body.context_id)
+        asked = {"method": body.method, "budget": body.budget, "window": body.window}
+        for key, value in asked.items():
+            if value is not None and value != info[key]:
+                raise invalid(
+                    f"context {body.context_id} was compressed with {key}={info[key]!r}; "
+                    f"omit {key} or create another context",
+                    key,
+                )
+        ids = engine.question_ids(question)
+        total = info["tokens"] + len(ids) + max_tokens
+        if total > engine.max_positions:
+            raise _too_long(total, engine.max_positions)
+        return ChatWork(
+            ids,
+            body.context_id,
+            info["method"],
+            info["budget"],
+            info["window"],
+            max_tokens,
+            info["tokens"] + len(ids),
+            admitted,
+        )
+    method, budget, window = config.compression(body.method, body.budget, body.window)
+    ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
+    if len(ids) + max_tokens > engine.max_positions:
+        raise _too_long(len(ids) + max_tokens, engine.max_positions)
+    return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted)
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
+    payload = {
+        **base,
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def answer(body: ChatRequest, engine: Engine) -> JSONResponse | StreamingResponse:
+    """Validate, admit (429 when full), submit; the whole answer or an SSE stream of it."""
+    work = validate(body, engine)
+    engine.admit()
+    channel = Channel(asyncio.get_running_loop())
+    engine.submit_chat(work, channel)
+    base = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": engine.config.model_name}
+    if body.stream:
+        return StreamingResponse(_stream(base, channel), media_type="text/event-stream")
+    try:
+        while True:
+            kind, value = await channel.get()
+            if kind == "error":
+                raise value
+            if kind == "done":
+                break
+    except asyncio.CancelledError:
+        channel.cancelled.set()
+        raise
+    usage = {
+        "prompt_tokens": value["prompt_tokens"],
+        "completion_tokens": value["completion_tokens"],
+        "total_tokens": value["prompt_tokens"] + value["completion_tokens"],
+    }
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": value["text"]},
+        "finish_reason": value["finish_reason"],
+        "logprobs": None,
+    }
+    return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+
+async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
+    finished = False
+    try:
+        yield _chunk(base, {"role": "assistant", "content": ""})
+        while True:
+            kind, value = await channel.get()
+            if kind == "delta":
+                yield _chunk(base, {"content": value})
+            elif kind == "error":
+                yield f"data: {json.dumps(value.body())}\n\n"
+                break
+            else:
+                yield _chunk(base, {}, value["finish_reason"])
+                break
+        finished = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:  # the client went away: the worker drops the session at its next step
+            channel.cancelled.set()

@@ -1,0 +1,195 @@
+"""The engine: the model, the context store and the one worker thread that does all model work.
+
+Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
+a worker thread, so the event loop never waits on the model. The worker interleaves the
+sessions it holds: each round it starts what arrived (compressing a context, or a question's
+prefill and first token) and then advances every active answer by one token, so a long answer
+does not hold back the first token of a new one. A session whose client went away is dropped
+between two steps, freeing its fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.methods import bind, get_method
+from criticalkv.prompts import encode_pair
+from criticalkv.runtime import attach, eos_ids, input_device, prefill_into
+from criticalkv.serve.config import ServerConfig
+from criticalkv.serve.errors import APIError
+from criticalkv.serve.metrics import Metrics
+from criticalkv.serve.session import Channel, ChatWork, Session
+from criticalkv.serve.store import ContextStore
+
+logger = logging.getLogger(__name__)
+
+#: a question stands in for the one a stored context will get (its prefix does not depend on it)
+_ANY_QUESTION = "?"
+_ANY_CONTEXT = "."
+
+
+class Engine:
+    """Model work for the server: stored contexts, chat sessions, the worker thread."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: ServerConfig) -> None:
+        attach(model)
+        self.model: Any = model
+        self.tokenizer = tokenizer
+        self.tokenizer_lock = threading.Lock()
+        self.config = config
+        self.eos = eos_ids(model, tokenizer)
+        self._tempdir = None if config.store else tempfile.TemporaryDirectory(prefix="criticalkv-store-")
+        folder = Path(config.store) if config.store else Path(self._tempdir.name)  # type: ignore[union-attr]
+        self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
+        self.metrics = Metrics()
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
+        self._jobs: queue.Queue[Callable[[], Session | None]] = queue.Queue()
+        self._admitted = 0
+        self._admit_lock = threading.Lock()
+        self._active: list[Session] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="criticalkv-worker", daemon=True)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+
+    # --- tokens (cheap; callers validate with them before admission) --------------------------
+    def context_ids(self, text: str) -> list[int]:
+        with self.tokenizer_lock:
+            return encode_pair(self.tokenizer, text, _ANY_QUESTION)[0]
+
+    def question_ids(self, question: str) -> list[int]:
+        with self.tokenizer_lock:
+            return encode_pair(self.tokenizer, _ANY_CONTEXT, question)[1]
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A whole conversation, rendered with the chat template (or plain text without one)."""
+        with self.tokenizer_lock:
+            if isinstance(self.tokenizer.chat_template, str):
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            else:
+                text = "\n\n".join(m["content"] for m in messages) + "\nAnswer:"
+            return list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
+
+    # --- admission ----------------------------------------------------------------------------
+    def admit(self) -> None:
+        with self._admit_lock:
+            if self._admitted >= self.config.max_sessions:
+                self.metrics.request(rejected=True)
+                raise APIError(
+                    429,
+                    f"the server is answering its limit of {self.config.max_sessions} requests; retry shortly",
+                    type="rate_limit_error",
+                    code="rate_limit_exceeded",
+                )
+            self._admitted += 1
+        self.metrics.request()
+
+    def _release(self) -> None:
+        with self._admit_lock:
+            self._admitted -= 1
+
+    def queue_depth(self) -> int:
+        return self._jobs.qsize()
+
+    def active(self) -> int:
+        return len(self._active)
+
+    # --- submitting work (from the event loop) -----------------------------------------------
+    def submit_context(self, ids: list[int], method: str, budget: float, window: int, channel: Channel) -> None:
+        """Compress ``ids`` (a context, question-agnostic) and store it; answers ``("done", info)``."""
+
+        def job() -> None:
+            try:
+                entry = self._compress(ids, method, budget, window)
+                channel.put("done", entry.info())
+            finally:
+                self._release()
+
+        self._submit(job, channel)
+
+    def submit_chat(self, work: ChatWork, channel: Channel) -> None:
+        """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
+
+        def job() -> Session | None:
+            session = Session(self, work, channel)
+            try:
+                session.start()
+            except BaseException:
+                self._release()
+                raise
+            if session.done:
+                self._release()
+                return None
+            return session
+
+        self._submit(job, channel)
+
+    def _submit(self, job: Callable[[], Session | None], channel: Channel) -> None:
+        def guarded() -> Session | None:
+            try:
+                return job()
+            except APIError as error:
+                channel.put("error", error)
+            except Exception as error:
+                logger.exception("request failed in the worker")
+                channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
+            return None
+
+        self._jobs.put(guarded)
+
+    @torch.no_grad()
+    def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
+        cache = CompressedCache(
+            self.model.config.num_hidden_layers, bind(get_method(method), self.model), budget, window
+        )
+        tensor = torch.tensor([ids], dtype=torch.long, device=input_device(self.model))
+        prefill_into(self.model, cache, tensor, torch.ones_like(tensor))
+        return self.store.add(cache, len(ids), method, budget, window)
+
+    # --- the worker ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
+            except queue.Empty:
+                job = None
+            started = 0
+            while job is not None:
+                session = job()
+                if session is not None:
+                    self._active.append(session)
+                started += 1
+                try:
+                    job = self._jobs.get_nowait() if started < self.config.max_sessions else None
+                except queue.Empty:
+                    job = None
+            for session in list(self._active):
+                try:
+                    session.step()
+                except Exception as error:
+                    logger.exception("decoding failed")
+                    session.channel.put("error", APIError(500, f"decoding failed: {error}", type="server_error"))
+                    session.done = True
+                if session.done or session.cancelled():
+                    self._active.remove(session)
+                    session.cache = None
+                    self._release()

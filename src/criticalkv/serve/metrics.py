@@ -1,0 +1,97 @@
+"""The server's counters, rendered in the Prometheus text exposition format."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+#: tokens per second are measured over this many recent seconds
+RATE_WINDOW_S = 30.0
+
+
+class Metrics:
+    """Counters the worker updates and ``/metrics`` reads (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tokens_total = 0
+        self.requests_total = 0
+        self.rejected_total = 0
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+        self.last_ttft = 0.0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
+
+    def token(self, count: int = 1) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.tokens_total += count
+            self._recent.append((now, count))
+            self._trim(now)
+
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft_sum += seconds
+            self.ttft_count += 1
+            self.last_ttft = seconds
+
+    def request(self, rejected: bool = False) -> None:
+        with self._lock:
+            self.requests_total += 1
+            self.rejected_total += int(rejected)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            return sum(n for _, n in self._recent) / RATE_WINDOW_S
+
+    def render(self, store: dict[str, int], queue_depth: int, active: int) -> str:
+        """The exposition text: counters of this object beside the store's and queue's gauges."""
+        rate = self.tokens_per_second()
+        with self._lock:
+            rows = [
+                ("criticalkv_contexts_in_memory", "gauge", "stored contexts held in memory", store["in_memory"]),
+                ("criticalkv_contexts_on_disk", "gauge", "stored contexts in the store folder", store["on_disk"]),
+                (
+                    "criticalkv_context_bytes_in_memory",
+                    "gauge",
+                    "KV bytes of contexts in memory",
+                    store["bytes_in_memory"],
+                ),
+                ("criticalkv_context_bytes_total", "gauge", "KV bytes of every stored context", store["bytes_total"]),
+                ("criticalkv_memory_cap_bytes", "gauge", "cap on KV bytes of contexts in memory", store["cap_bytes"]),
+                ("criticalkv_queue_depth", "gauge", "admitted requests waiting for the worker", queue_depth),
+                ("criticalkv_sessions_active", "gauge", "requests being decoded", active),
+                ("criticalkv_generated_tokens_total", "counter", "tokens generated", self.tokens_total),
+                (
+                    "criticalkv_tokens_per_second",
+                    "gauge",
+                    f"tokens generated per second over {RATE_WINDOW_S:g} s",
+                    rate,
+                ),
+                ("criticalkv_requests_total", "counter", "requests admitted or rejected", self.requests_total),
+                ("criticalkv_rejected_total", "counter", "requests rejected with 429", self.rejected_total),
+                (
+                    "criticalkv_time_to_first_token_seconds_last",
+                    "gauge",
+                    "time to first token of the last answer",
+                    self.last_ttft,
+                ),
+            ]
+            lines = []
+            for name, kind, help_text, value in rows:
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            name = "criticalkv_time_to_first_token_seconds"
+            lines += [
+                f"# HELP {name} time from admission to the first token",
+                f"# TYPE {name} summary",
+                f"{name}_sum {self.ttft_sum}",
+                f"{name}_count {self.ttft_count}",
+            ]
+        return "\n".join(lines) + "\n"

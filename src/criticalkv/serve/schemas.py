@@ -1,0 +1,52 @@
+"""Request bodies of the OpenAI-compatible API (unknown fields are ignored, as OpenAI's are)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content if part.type == "text")
+
+
+class Compression(BaseModel):
+    """The per-request compression options (within the server's limits)."""
+
+    model_config = ConfigDict(extra="ignore")
+    method: str | None = None
+    budget: float | None = None
+    window: int | None = None
+
+
+class ContextCreate(Compression):
+    text: str
+
+
+class ChatRequest(Compression):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    context_id: str | None = None

@@ -1,0 +1,142 @@
+"""One chat request being answered: its cache, greedy decoding step by step, text as it grows."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.methods import bind, get_method
+from criticalkv.runtime import append_tokens, input_device, prefill_into
+
+
+class Channel:
+    """Items from the worker thread to one request's coroutine, and the request's cancellation."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def put(self, kind: str, value: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:  # the loop has closed (server shutting down): nobody is listening
+            self.cancelled.set()
+
+    async def get(self) -> tuple[str, Any]:
+        return await self.queue.get()
+
+
+@dataclass
+class ChatWork:
+    """A validated chat request: a stored context and question ids, or a whole prompt's ids."""
+
+    prompt_ids: list[int]
+    context_id: str | None
+    method: str
+    budget: float
+    window: int
+    max_tokens: int
+    prompt_tokens: int
+    admitted_at: float
+
+
+class IncrementalText:
+    """Text deltas of a growing token list whose concatenation is the final answer (stripped,
+    special tokens skipped): trailing whitespace and incomplete characters are held back."""
+
+    def __init__(self, tokenizer: Any, lock: threading.Lock) -> None:
+        self.tokenizer, self.lock = tokenizer, lock
+        self.emitted = ""
+
+    def delta(self, tokens: list[int], final: bool = False) -> str:
+        with self.lock:
+            text = str(self.tokenizer.decode(tokens, skip_special_tokens=True)).lstrip()
+        text = text.rstrip() if final else text.rstrip().rstrip("\ufffd")
+        if not text.startswith(self.emitted):
+            return ""  # an earlier character changed (rare byte merges): the final text catches up
+        piece, self.emitted = text[len(self.emitted) :], text
+        return piece
+
+
+class Session:
+    """Greedy decoding of one :class:`ChatWork`, one token per :meth:`step`."""
+
+    def __init__(self, engine: Any, work: ChatWork, channel: Channel) -> None:
+        self.engine, self.work, self.channel = engine, work, channel
+        self.tokens: list[int] = []
+        self.text = IncrementalText(engine.tokenizer, engine.tokenizer_lock)
+        self.done = False
+        self.cache: CompressedCache | None = None
+        self.mask: torch.Tensor | None = None
+        self.next_token: int | None = None
+
+    def start(self) -> None:
+        """Build the request's cache (a fork of its stored context, or a compressed prompt) and
+        predict the first token."""
+        model, work = self.engine.model, self.work
+        device = input_device(model)
+        ids = torch.tensor([work.prompt_ids], dtype=torch.long, device=device)
+        if work.context_id is not None:
+            entry, stored = self.engine.store.get(work.context_id)
+            self.cache = stored.fork()
+            out, self.mask = append_tokens(
+                model, self.cache, torch.ones(1, entry.tokens, dtype=torch.long, device=device), ids
+            )
+            logits = out.logits[:, -1]
+        else:
+            method = bind(get_method(work.method), model)
+            window = min(work.window, ids.shape[1])  # a prompt within the window is kept whole
+            self.cache = CompressedCache(model.config.num_hidden_layers, method, work.budget, window=window)
+            self.mask = torch.ones_like(ids)
+            logits = prefill_into(model, self.cache, ids, self.mask)
+        self.engine.metrics.first_token(time.perf_counter() - work.admitted_at)
+        self._emit(int(logits[0].argmax()))
+
+    def step(self) -> None:
+        """Append the last token and predict the next one."""
+        if self.done or self.cancelled():
+            return
+        assert self.cache is not None and self.mask is not None and self.next_token is not None
+        token = torch.tensor([[self.next_token]], dtype=torch.long, device=self.mask.device)
+        out, self.mask = append_tokens(self.engine.model, self.cache, self.mask, token)
+        self._emit(int(out.logits[0, -1].argmax()))
+
+    def cancelled(self) -> bool:
+        return self.channel.cancelled.is_set()
+
+    def _emit(self, token: int) -> None:
+        if token in self.engine.eos:
+            self._finish("stop")
+            return
+        self.tokens.append(token)
+        self.engine.metrics.token()
+        if len(self.tokens) >= self.work.max_tokens:
+            self._finish("length")
+            return
+        self.next_token = token
+        piece = self.text.delta(self.tokens)
+        if piece:
+            self.channel.put("delta", piece)
+
+    def _finish(self, reason: str) -> None:
+        piece = self.text.delta(self.tokens, final=True)
+        if piece:
+            self.channel.put("delta", piece)
+        self.done = True
+        self.cache = None  # frees the fork's tail now
+        self.channel.put(
+            "done",
+            {
+                "text": self.text.emitted,
+                "finish_reason": reason,
+                "prompt_tokens": self.work.prompt_tokens,
+                "completion_tokens": len(self.tokens),
+            },
+        )

@@ -1,0 +1,168 @@
+"""The stored contexts: compressed caches under a byte cap in memory, every one also on disk.
+
+A context is written to the store folder before its creation is acknowledged (so a server
+killed afterwards finds it again); memory holds the most recently used ones up to the cap,
+the others are read back (:meth:`CompressedCache.load`) when a request needs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache.persist import read_header
+from criticalkv.serve.errors import APIError, not_found
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".ckv"
+_ID = re.compile(r"^ctx_[0-9a-f]{24}$")
+
+
+def new_id() -> str:
+    return "ctx_" + secrets.token_hex(12)
+
+
+@dataclass
+class StoredContext:
+    """One stored context: what its creation answered, and its cache while in memory."""
+
+    id: str
+    tokens: int
+    kv_bytes: int
+    method: str
+    budget: float
+    window: int
+    created: int
+    cache: CompressedCache | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "context",
+            "tokens": self.tokens,
+            "kv_bytes": self.kv_bytes,
+            "method": self.method,
+            "budget": self.budget,
+            "window": self.window,
+            "created": self.created,
+            "in_memory": self.cache is not None,
+        }
+
+
+class ContextStore:
+    """Contexts by id, at most ``cap_bytes`` of keys and values in memory (LRU), all in ``folder``."""
+
+    def __init__(self, folder: Path, cap_bytes: int, model: Any, tokenizer: Any) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.cap_bytes = cap_bytes
+        self.model, self.tokenizer = model, tokenizer
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, StoredContext] = OrderedDict()  # least recently used first
+        self._reload()
+
+    def _path(self, context_id: str) -> Path:
+        return self.folder / f"{context_id}{SUFFIX}"
+
+    def _reload(self) -> None:
+        """Register the contexts a previous server left in the folder (read back on demand)."""
+        for path in sorted(self.folder.glob(f"ctx_*{SUFFIX}")):
+            try:
+                fields = read_header(path)["fields"]
+                entry = StoredContext(
+                    **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
+                    window=fields["window"],
+                    created=fields["created"],
+                )
+            except (ValueError, KeyError, TypeError) as error:
+                logger.warning("skipping %s: not a readable stored context (%s)", path, error)
+                continue
+            self._entries[entry.id] = entry
+        logger.info("store %s: %d contexts on disk", self.folder, len(self._entries))
+
+    # --- what the event loop asks (quick, under the lock) ------------------------------------
+    def info(self, context_id: str) -> dict[str, Any]:
+        with self._lock:
+            return self._entry(context_id).info()
+
+    def has(self, context_id: str) -> bool:
+        with self._lock:
+            return context_id in self._entries
+
+    def delete(self, context_id: str) -> None:
+        with self._lock:
+            self._entry(context_id)
+            del self._entries[context_id]
+            self._path(context_id).unlink(missing_ok=True)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            held = [e for e in self._entries.values() if e.cache is not None]
+            return {
+                "in_memory": len(held),
+                "on_disk": len(self._entries),
+                "bytes_in_memory": sum(e.kv_bytes for e in held),
+                "bytes_total": sum(e.kv_bytes for e in self._entries.values()),
+                "cap_bytes": self.cap_bytes,
+            }
+
+    def _entry(self, context_id: str) -> StoredContext:
+        entry = self._entries.get(context_id) if _ID.match(context_id) else None
+        if entry is None:
+            raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
+        return entry
+
+    # --- what the worker does -------------------------------------------------------------------
+    def add(self, cache: CompressedCache, tokens: int, method: str, budget: float, window: int) -> StoredContext:
+        """Store a freshly compressed context: on disk first, then in memory (spilling others)."""
+        kv = cache.kv_bytes()
+        if kv > self.cap_bytes:
+            raise APIError(
+                413,
+                f"the compressed context needs {kv} bytes, more than the server's memory cap "
+                f"({self.cap_bytes} bytes); use a smaller budget or a shorter document",
+                param="text",
+                code="context_too_large",
+            )
+        entry = StoredContext(new_id(), tokens, kv, method, budget, window, int(time.time()))
+        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory")}
+        cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
+        with self._lock:
+            self._entries[entry.id] = entry
+            self._hold(entry, cache)
+        return entry
+
+    def get(self, context_id: str) -> tuple[StoredContext, CompressedCache]:
+        """The context's cache (read back from disk if it was spilled), now the most recently used."""
+        with self._lock:
+            entry = self._entry(context_id)
+            self._entries.move_to_end(context_id)
+            if entry.cache is not None:
+                return entry, entry.cache
+        cache = CompressedCache.load(self._path(context_id), self.model, self.tokenizer)
+        with self._lock:
+            if context_id in self._entries:
+                self._hold(entry, cache)
+        return entry, cache
+
+    def _hold(self, entry: StoredContext, cache: CompressedCache) -> None:
+        """Keep ``entry`` in memory, spilling the least recently used others to stay under the cap."""
+        entry.cache = cache
+        self._entries.move_to_end(entry.id)
+        used = sum(e.kv_bytes for e in self._entries.values() if e.cache is not None)
+        for other in list(self._entries.values()):
+            if used <= self.cap_bytes:
+                break
+            if other is not entry and other.cache is not None:
+                other.cache = None  # its file is already on disk
+                used -= other.kv_bytes
+                logger.debug("spilled %s (%d bytes) to disk", other.id, other.kv_bytes)
