@@ -8,12 +8,13 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers import LlamaConfig
 
 from criticalkv.state import LayerState
 
 
 class StubAttention(nn.Module):
-    """Just what compression reads off an attention module: ``o_proj`` and ``scaling``."""
+    """Just what compression reads off an attention module: ``o_proj``, ``scaling`` and ``config``."""
 
     def __init__(self, num_query_heads: int, head_dim: int, hidden: int, generator: torch.Generator) -> None:
         super().__init__()
@@ -21,6 +22,10 @@ class StubAttention(nn.Module):
         with torch.no_grad():
             self.o_proj.weight.copy_(torch.randn(hidden, num_query_heads * head_dim, generator=generator))
         self.scaling = head_dim**-0.5
+        # the RoPE parameters scores such as Expected Attention read (transformers 5 layout)
+        self.config = LlamaConfig(
+            hidden_size=num_query_heads * head_dim, num_attention_heads=num_query_heads, head_dim=head_dim
+        )
 
 
 def random_state(

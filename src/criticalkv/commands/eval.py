@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         longbench_e=args.longbench_e,
         **kwargs,
     )
+    if args.dataset:  # say how many lines of each task run (--samples is per task)
+        from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
+
+        print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
     scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
     text, plots = build_report(args.out, buckets=args.longbench_e)
     print(text)

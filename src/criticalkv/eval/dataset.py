@@ -65,3 +65,25 @@ def load_dataset_file(path: str | Path) -> list[Sample]:
     if not samples:
         raise ValueError(f"no usable samples in {path}" + (f" ({problems[0]})" if problems else ""))
     return samples
+
+
+def first_per_task(samples: list[Sample], per_task: int) -> tuple[list[Sample], dict[str, tuple[int, int]]]:
+    """The first ``per_task`` samples of each task (``--samples`` means per task, as for RULER).
+
+    Returns them sample-major (the first of every task, then the second, ...), so an interrupted
+    sweep has covered every task, and ``{task: (used, available)}`` in the file's task order.
+    """
+    if isinstance(per_task, bool) or not isinstance(per_task, int) or per_task < 1:
+        raise ValueError(f"samples per task must be a positive integer, not {per_task!r}")
+    by_task: dict[str, list[Sample]] = {}
+    for sample in samples:
+        by_task.setdefault(sample.task, []).append(sample)
+    chosen = {task: rows[:per_task] for task, rows in by_task.items()}
+    ordered = [rows[i] for i in range(per_task) for rows in chosen.values() if i < len(rows)]
+    return ordered, {task: (len(chosen[task]), len(rows)) for task, rows in by_task.items()}
+
+
+def describe_usage(path: str | Path, usage: dict[str, tuple[int, int]]) -> str:
+    """One line: how many lines of each task of ``path`` a sweep uses."""
+    parts = ", ".join(f"{task} {used} of {available}" for task, (used, available) in usage.items())
+    return f"{path}: lines used per task (--samples is per task): {parts}"

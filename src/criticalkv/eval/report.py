@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, cell_intervals, describe_difference, paired_differences
 from criticalkv.eval.store import read_results
 from criticalkv.plotting import pyplot
 
@@ -28,6 +29,8 @@ FIELDS = [
     "top1",
     "kv_ratio",
 ]
+# each measured column is followed by its 95% bootstrap interval (criticalkv.eval.bootstrap)
+FIELDS = [c for f in FIELDS for c in (f, *INTERVAL_COLUMNS.get(f, ()))]
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -91,6 +94,7 @@ def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dic
                 "kl": _mean([r["kl"] for r in items]),
                 "top1": _mean([r["top1"] for r in items]),
                 "kv_ratio": _mean([r["kv_bytes"] / r["kv_bytes_full"] for r in items]),
+                **cell_intervals(items, deltas, by_task=task == AVERAGE),
             }
         )
     full_score = {(r["length"], r["task"]): r["score"] for r in rows if r["method"] == "full"}
@@ -139,8 +143,11 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path, group: str = "length")
             )
 
 
-def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
-    """Score per task and average per (method, budget), loss, NLL increase; then loss reductions."""
+def format_tables(
+    rows: Sequence[dict[str, Any]], length: str = "all", records: Sequence[dict[str, Any]] | None = None
+) -> str:
+    """Score per task and average per (method, budget), loss, NLL increase; then loss reductions
+    (with ``records``: and the paired bootstrap interval of each Critical-X minus X difference)."""
     sel = [r for r in rows if r["length"] == length]
     tasks = sorted({r["task"] for r in sel if r["task"] != AVERAGE})
     configs = sorted({(r["method"], r["budget"]) for r in sel}, key=lambda mb: (mb[0] != "full", float(mb[1]), mb[0]))
@@ -166,11 +173,14 @@ def format_tables(rows: Sequence[dict[str, Any]], length: str = "all") -> str:
     reductions = loss_reductions(rows, length)
     if reductions:
         lines += ["", "loss reduction of CriticalKV vs its base (1 - loss_critical / loss_base):"]
+        paired = paired_differences(records, length) if records is not None else {}
         for r in reductions:
             lines.append(
                 f"  {r['method']:<18} @ {r['budget']!s:<5} base loss {r['loss_base']:.3f} -> {r['loss_critical']:.3f}"
                 f"  reduction {r['reduction']:.2f}"
             )
+            if (r["method"], r["budget"]) in paired:
+                lines.append(f"    minus base, 95% CI: {describe_difference(paired[(r['method'], r['budget'])])}")
     return "\n".join(lines)
 
 
@@ -240,11 +250,11 @@ def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool =
         raise ValueError(f"{out_dir} has no results yet (no {out_dir / 'results.jsonl'})")
     rows = summarise(records)
     write_csv(rows, out_dir / "summary.csv")
-    text = format_tables(rows)
+    text = format_tables(rows, records=records)
     lengths = sorted({r["length"] for r in rows if r["length"] != "all"}, key=int)
     if len(lengths) > 1:
         for length in lengths:
-            text += f"\n\n[length {length}]\n" + format_tables(rows, length)
+            text += f"\n\n[length {length}]\n" + format_tables(rows, length, records)
     if buckets:
         from criticalkv.eval.longbench.buckets import BUCKETS
 

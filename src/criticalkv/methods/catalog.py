@@ -15,7 +15,10 @@ from criticalkv.methods.method import Method
 from criticalkv.methods.registry import register
 from criticalkv.scores.accumulated_attention import AccumulatedAttention
 from criticalkv.scores.defensive_aggregation import DefensiveAggregation
+from criticalkv.scores.expected_attention import ExpectedAttention
+from criticalkv.scores.key_diff import KeyDissimilarity
 from criticalkv.scores.key_norm import KeyNorm
+from criticalkv.scores.last_query import LastQueryAttention
 from criticalkv.scores.positional import SinksAndRecent
 from criticalkv.scores.window_attention import WindowAttention
 from criticalkv.select.adaptive_critical import AdaptiveCritical
@@ -29,6 +32,9 @@ _HEADKV = "Fu et al. 2024, HeadKV: Not All Heads Matter (arXiv 2410.19258)"
 _STREAMINGLLM = "Xiao et al. 2023, StreamingLLM (arXiv 2309.17453)"
 _H2O = "Zhang et al. 2023, H2O (arXiv 2306.14048)"
 _KNORM = "Devoto et al. 2024, Knorm (arXiv 2406.11430)"
+_TOVA = "Oren et al. 2024, TOVA: Transformers are Multi-State RNNs (arXiv 2401.06104)"
+_KEYDIFF = "Park et al. 2025, KeyDiff (arXiv 2504.15364)"
+_EXPECTED = "Devoto et al. 2025, Expected Attention (arXiv 2510.00636; kvpress)"
 _DEFENSIVEKV = "Feng et al. 2025, DefensiveKV: Taming the Fragility of KV Cache Eviction (arXiv 2510.13334)"
 
 register(
@@ -160,5 +166,53 @@ register(
         DefensiveAggregation(),
         budgets=LayerJoint(),
         select=AdaptiveCritical(),
+    ),
+)
+register(
+    "tova",
+    lambda: Method(
+        "tova",
+        "The last query's attention, averaged over all heads of the layer (one ranking per layer), top-k.",
+        _TOVA,
+        LastQueryAttention(),
+    ),
+)
+register(
+    "critical-tova",
+    lambda: Method(
+        "critical-tova",
+        "TOVA scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        f"{_CRITICAL}; {_TOVA}",
+        LastQueryAttention(),
+        select=Critical(),
+    ),
+)
+register(
+    "keydiff",
+    lambda: Method(
+        "keydiff",
+        "Keeps the keys least similar in direction to the mean key (score -cos(k, mean unit key)), top-k.",
+        _KEYDIFF,
+        KeyDissimilarity(),
+    ),
+)
+register(
+    "expected-attention",
+    lambda: Method(
+        "expected-attention",
+        "Expected attention of future queries (prompt query mean and covariance, RoPE of the next 512 "
+        "positions) times ||V||_2, question-agnostic, top-k.",
+        _EXPECTED,
+        ExpectedAttention(),
+    ),
+)
+register(
+    "critical-expected-attention",
+    lambda: Method(
+        "critical-expected-attention",
+        "Expected attention (without kvpress's ||V||_2 rescaling); two-stage selection by attention x ||V W_O||_1.",
+        f"{_CRITICAL}; {_EXPECTED}",
+        ExpectedAttention(value_norm=False),
+        select=Critical(),
     ),
 )

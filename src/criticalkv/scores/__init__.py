@@ -3,7 +3,10 @@
 from criticalkv.scores.accumulated_attention import AccumulatedAttention
 from criticalkv.scores.base import Scorer
 from criticalkv.scores.defensive_aggregation import DefensiveAggregation
+from criticalkv.scores.expected_attention import ExpectedAttention
+from criticalkv.scores.key_diff import KeyDissimilarity
 from criticalkv.scores.key_norm import KeyNorm
+from criticalkv.scores.last_query import LastQueryAttention
 from criticalkv.scores.positional import SinksAndRecent
 from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.scores.value_norms import projected_value_norms
@@ -13,7 +16,10 @@ __all__ = [
     "ALL_QUERIES",
     "AccumulatedAttention",
     "DefensiveAggregation",
+    "ExpectedAttention",
+    "KeyDissimilarity",
     "KeyNorm",
+    "LastQueryAttention",
     "Scorer",
     "SinksAndRecent",
     "WindowAttention",

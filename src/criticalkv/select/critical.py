@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from criticalkv.needs import Needs
-from criticalkv.scores.value_norms import NORM_PRECISIONS, norm_dtype, projected_value_norms
+from criticalkv.scores.value_norms import NORM_PRECISIONS, gram_value_norms, norm_dtype, projected_value_norms
 from criticalkv.select.base import Selector
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
@@ -29,6 +29,8 @@ class Critical(Selector):
         ``"auto"`` (bfloat16 for float32 values where the hardware has native bfloat16, as the
         released code computes in the model's half precision on GPU), ``"exact"`` (the values'
         dtype), or an explicit ``"float32"`` / ``"bfloat16"`` / ``"float16"``.
+    gram : with ``p=2``, compute ``||V_i W_O^h||_2`` exactly as ``sqrt(V_i^T (W_O^h W_O^h^T) V_i)``
+        (:func:`~criticalkv.scores.value_norms.gram_value_norms`), ``d / D`` of the projection's work.
     """
 
     alpha: float = 0.5
@@ -37,6 +39,7 @@ class Critical(Selector):
     needs: ClassVar[Needs] = Needs(value_norms=True)
 
     precision: str = "auto"
+    gram: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -47,14 +50,21 @@ class Critical(Selector):
             raise ValueError(f"p must be 1 or 2, not {self.p}")
         if self.precision not in NORM_PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.precision!r}")
+        if self.gram and self.p != 2:
+            raise ValueError("gram=True computes the L2 norm: pass p=2 with it")
 
     def norms(self, state: LayerState) -> torch.Tensor:
         """(B, H_kv, T) projected value norms, GQA group mean."""
         weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
         dtype = norm_dtype(self.precision, state.values)
+        precision = str(dtype).removeprefix("torch.")
+        if self.gram:
+            return state.remember(
+                ("value_norms_gram", dtype), lambda: gram_value_norms(state.values, weight, precision=precision)
+            )
         return state.remember(
             ("value_norms", self.p, dtype),
-            lambda: projected_value_norms(state.values, weight, p=self.p, precision=str(dtype).removeprefix("torch.")),
+            lambda: projected_value_norms(state.values, weight, p=self.p, precision=precision),
         )
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:

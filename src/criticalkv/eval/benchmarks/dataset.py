@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw
-from criticalkv.eval.dataset import load_dataset_file
+from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 from criticalkv.eval.sample import Sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,8 @@ class DatasetOptions:
 
 
 class Dataset(Benchmark):
-    """The file's first ``samples`` lines, each at its own length (recorded as length 0)."""
+    """The first ``samples`` lines of each task of the file, each at its own length (recorded as
+    length 0); a file without ``task`` fields is one task."""
 
     name = "dataset"
     options_type = DatasetOptions
@@ -31,5 +35,7 @@ class Dataset(Benchmark):
 
     def samples(self, draw: Draw, options: DatasetOptions, tokenizer: Any) -> Iterator[tuple[int, Sample]]:
         assert options.dataset is not None
-        for sample in load_dataset_file(options.dataset)[: draw.samples]:
+        chosen, usage = first_per_task(load_dataset_file(options.dataset), draw.samples)
+        logger.info("%s", describe_usage(options.dataset, usage))
+        for sample in chosen:
             yield 0, sample
