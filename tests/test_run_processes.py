@@ -152,10 +152,11 @@ def test_two_evals_at_once_write_each_key_once(model_folder: Path, tmp_path: Pat
     check_complete(out, 4 * 2 * 7)
 
 
-def _kill_and_resume(command: list[str], out: Path, expected: int, seed: int, kills: int) -> None:
+def _kill_and_resume(command: list[str], out: Path, expected: int, seed: int, kills: int) -> list[int]:
     """Start ``command``, SIGKILL it when the results reach a random line count (or at a random
-    moment of its start-up), ``kills`` times; then let it finish."""
+    moment of its start-up), ``kills`` times; then let it finish. Returns the line counts at each kill."""
     rng = random.Random(seed)
+    counts = []
     for _ in range(kills):
         target = rng.randrange(0, expected)
         process = start(command)
@@ -169,8 +170,11 @@ def _kill_and_resume(command: list[str], out: Path, expected: int, seed: int, ki
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
         process.communicate()
+        counts.append(line_count(out / store.RESULTS))
     rc, err = finish(start(command))
     assert rc == 0, err
+    assert any(0 < count < expected for count in counts), counts  # some kills landed mid-sweep
+    return counts
 
 
 @pytest.mark.slow
