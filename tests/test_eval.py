@@ -155,8 +155,10 @@ def test_report_command_and_changed_config_is_refused(tmp_path: Path, tok, tiny,
 
 
 def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
+    from criticalkv.runs import JsonLines
+
     (tmp_path / "results.jsonl").write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
-    assert store.read_results(tmp_path) == [{"a": 1}]
+    assert JsonLines(tmp_path / "results.jsonl").rows() == [{"a": 1}]
     assert (tmp_path / "results.jsonl").read_text().endswith("}\n")
 
 

@@ -22,6 +22,7 @@ from criticalkv.eval import store
 from criticalkv.eval.ray_runner import RayOptions, build_units, run_sweep_ray
 from criticalkv.eval.runner import SweepConfig, run_sweep
 from criticalkv.models import load_model, load_tokenizer
+from criticalkv.runs import JsonLines
 from tests.conftest import make_tiny
 from tests.tiny_tokenizer import char_tokenizer
 
@@ -148,12 +149,14 @@ def test_ray_options_are_checked() -> None:
 def test_units_cover_the_pending_work_in_order(folder: Path, tmp_path: Path) -> None:
     config = _config(tmp_path, folder)
     tokenizer = load_tokenizer(folder)
-    units, already = build_units(config, tokenizer, set(), samples_per_unit=3)
+    units, already = build_units(config, tokenizer, {}, samples_per_unit=3)
     assert already == 0 and [len(u.items) for u in units] == [3, 1]
     assert {u.model for u in units} == {str(folder)}
     assert sum(u.num_records for u in units) == 4 * len(config.configs())
     first = units[0].items[0]
-    done = {f"{first.sample.task}|600|{first.sample.index}|{m}|{b}" for m, b in config.configs()}
+    done: dict[str, str | None] = {
+        f"{first.sample.task}|600|{first.sample.index}|{m}|{b}": None for m, b in config.configs()
+    }
     units, already = build_units(config, tokenizer, done, samples_per_unit=3)
     assert already == len(config.configs()) and [len(u.items) for u in units] == [3]
 
@@ -222,9 +225,9 @@ def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path:
 
     fake = _FakeRay()
     pool = ray_dispatch.WorkerPool(fake, spawn, 1)  # type: ignore[arg-type]
-    done: set[str] = set()
+    done: dict[str, str | None] = {}
     ray_dispatch.dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
-    keys = [store.result_key(r) for r in store.read_results(tmp_path)]
+    keys = [store.result_key(r) for r in JsonLines(tmp_path / store.RESULTS).rows()]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
     assert calls.count(0) == 2 and len(fake.killed) == 1  # unit 0 ran again, on a fresh worker
 

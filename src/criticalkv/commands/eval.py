@@ -47,12 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="dtype of the Critical selections' value norms (default: each method's own, 'auto')",
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="if another process is writing to --out, wait this long for it before refusing (default 10; -1: forever)",
+    )
     scale.add_arguments(p)  # --device-map, --ray ...
 
 
 def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.config import SweepConfig
     from criticalkv.eval.report import build_report
+    from criticalkv.eval.store import check_run
 
     tasks = None if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == [] and not args.dataset:
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 
         print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
+    check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
     scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
     text, plots = build_report(args.out, buckets=args.longbench_e)
     print(text)

@@ -34,12 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_sweep_from_args(args: argparse.Namespace, config: Any) -> None:
     """Run ``config`` here (loading the model) or, with ``--ray``, on a Ray cluster."""
+    from criticalkv.runs import DEFAULT_WAIT
+
+    wait = DEFAULT_WAIT if args.wait is None else args.wait
     if args.ray is None:
         from criticalkv.eval.runner import run_sweep
         from criticalkv.models import load_model
 
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
-        run_sweep(config, model, tokenizer)
+        run_sweep(config, model, tokenizer, wait=wait)
         return
     from criticalkv.eval.ray_runner import RayNotInstalled, RayOptions, run_sweep_ray
 
@@ -54,6 +57,6 @@ def run_sweep_from_args(args: argparse.Namespace, config: Any) -> None:
         device_map=args.device_map,
     )
     try:
-        run_sweep_ray(config, options)
+        run_sweep_ray(config, options, wait=wait)
     except RayNotInstalled as error:
         raise UsageError(str(error)) from error

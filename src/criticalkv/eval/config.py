@@ -12,6 +12,7 @@ from criticalkv.cache.compressed_cache import check_window
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.methods import get_method
+from criticalkv.runs import check_folder_path
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -58,6 +59,7 @@ class SweepConfig:
         self, qa_source: str | None, dataset: str | None, data_dir: str | None, longbench_e: bool
     ) -> None:
         check_mode(self.mode)
+        check_folder_path(self.out)
         self.window = check_window(DEFAULT_WINDOWS[self.mode] if self.window is None else self.window)
         flat = {"qa_source": qa_source, "dataset": dataset, "data_dir": data_dir, "longbench_e": longbench_e}
         self.options = self._options(flat)

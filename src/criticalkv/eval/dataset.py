@@ -1,5 +1,8 @@
 """Bring your own data: a JSONL file of ``{"context", "question", "answers", "metric"?}`` lines.
 
+Each sample carries ``meta.sha256``, a hash of its line's content (the parsed JSON object, so
+whitespace does not count): results are tied to the content, not to the file's path.
+
 Optional fields: ``metric`` (``string_match_part`` by default, or ``string_match_all``),
 ``task`` (a name to group results by; the file's stem by default), ``answer_prefix`` and
 ``max_new_tokens`` (32 by default). Malformed lines are reported with their line number and
@@ -8,6 +11,7 @@ skipped; the rest run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -18,14 +22,29 @@ from criticalkv.eval.sample import Sample
 logger = logging.getLogger(__name__)
 
 
+def line_hash(row: dict[str, object]) -> str:
+    """The first 16 hex digits of the SHA-256 of ``row`` as canonical JSON (sorted keys)."""
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _read_lines(path: Path) -> list[str]:
+    if path.is_dir():
+        raise ValueError(f"dataset {path} is a folder; pass a JSONL file")
+    if not path.is_file():
+        raise ValueError(f"dataset file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"dataset file {path} is not UTF-8 text ({error}); save it as UTF-8") from None
+
+
 def load_dataset_file(path: str | Path) -> list[Sample]:
     """Samples of a JSONL file; malformed lines are logged (with line numbers) and skipped."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"dataset file {path} does not exist")
     samples: list[Sample] = []
     problems: list[str] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(_read_lines(path), 1):
         if not line.strip():
             continue
         try:
@@ -55,7 +74,7 @@ def load_dataset_file(path: str | Path) -> list[Sample]:
                     metric=metric,
                     max_new_tokens=int(row.get("max_new_tokens", 32)),
                     answer_prefix=str(row.get("answer_prefix", "")),
-                    meta={"line": number},
+                    meta={"line": number, "sha256": line_hash(row)},
                 )
             )
         except (json.JSONDecodeError, ValueError, TypeError) as err:

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from criticalkv.eval.ray_options import RayOptions
 from criticalkv.eval.ray_worker import UnitResult, WorkUnit
-from criticalkv.eval.store import append_result, result_key
+from criticalkv.eval.store import append_result, append_skipped, content_hash, is_done, result_key
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,13 @@ class _Dispatcher:
     """One sweep's queue of units over a :class:`WorkerPool` (see :func:`dispatch`)."""
 
     def __init__(
-        self, ray: ModuleType, pool: WorkerPool, units: list[WorkUnit], out: Path, done: set[str], options: RayOptions
+        self,
+        ray: ModuleType,
+        pool: WorkerPool,
+        units: list[WorkUnit],
+        out: Path,
+        done: dict[str, str | None],
+        options: RayOptions,
     ) -> None:
         self.ray, self.pool, self.out, self.done, self.options = ray, pool, out, done, options
         self.queue: deque[tuple[WorkUnit, int]] = deque((unit, 1) for unit in units)
@@ -126,16 +132,18 @@ class _Dispatcher:
             self.queue.appendleft((unit, attempt + 1))
             return
         self.unit_seconds.append(result.seconds)
+        for skip in result.skipped:
+            append_skipped(self.out, skip)
         self.write(result.records)
 
     def write(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            key = result_key(record)
-            if key in self.done:  # a retried unit recomputed it
+            key, sha = result_key(record), content_hash(record)
+            if is_done(self.done, key, sha):  # a retried unit recomputed it
                 logger.debug("dropping a duplicate result %s", key)
                 continue
             append_result(self.out, record)
-            self.done.add(key)
+            self.done[key] = sha
             self.bar.update(1)
 
     def run(self, already: int) -> None:
@@ -159,7 +167,7 @@ def dispatch(
     pool: WorkerPool,
     units: list[WorkUnit],
     out: Path,
-    done: set[str],
+    done: dict[str, str | None],
     already: int,
     options: RayOptions,
 ) -> None:

@@ -26,7 +26,9 @@ from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.ray_dispatch import WorkerPool, dispatch
 from criticalkv.eval.ray_options import RayNotInstalled, RayOptions, import_ray
 from criticalkv.eval.ray_worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
-from criticalkv.eval.store import iter_done, open_run
+from criticalkv.eval.session import sweep_folder
+from criticalkv.eval.store import done_index
+from criticalkv.runs import DEFAULT_WAIT
 
 logger = logging.getLogger(__name__)
 
@@ -61,26 +63,16 @@ def _num_workers(ray: ModuleType, options: RayOptions, num_units: int) -> int:
     return min(count, num_units)
 
 
-def run_sweep_ray(
-    config: SweepConfig, options: RayOptions | None = None, *, after_sample: SampleHook | None = None
-) -> Path:
-    """Run (or resume) a sweep on Ray; results go to ``config.out/results.jsonl`` as with
-    :func:`~criticalkv.eval.runner.run_sweep` (same records, same keys).
-
-    ``after_sample`` is called on the worker after each sample it evaluates (it travels to the
-    workers, so it must pickle).
-    """
-    ray = import_ray()
-    from criticalkv.models import load_tokenizer
-
-    options = options or RayOptions()
-    out = Path(config.out)
-    open_run(out, config.identity(), {**config.to_json(), "ray": asdict(options)})
-    done = set(iter_done(out))
-    units, already = build_units(config, load_tokenizer(config.model), done, options.samples_per_unit)
-    if not units:
-        logger.info("nothing left to run in %s", out)
-        return out
+def _run_units(
+    ray: ModuleType,
+    config: SweepConfig,
+    options: RayOptions,
+    after_sample: SampleHook | None,
+    units: list[WorkUnit],
+    out: Path,
+    done: dict[str, str | None],
+    already: int,
+) -> None:
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(address=options.address)
@@ -103,4 +95,32 @@ def run_sweep_ray(
             pool.close()
         if owns_ray:
             ray.shutdown()
+
+
+def run_sweep_ray(
+    config: SweepConfig,
+    options: RayOptions | None = None,
+    *,
+    after_sample: SampleHook | None = None,
+    wait: float = DEFAULT_WAIT,
+) -> Path:
+    """Run (or resume) a sweep on Ray; results go to ``config.out/results.jsonl`` as with
+    :func:`~criticalkv.eval.runner.run_sweep` (same records, same keys).
+
+    ``after_sample`` is called on the worker after each sample it evaluates (it travels to the
+    workers, so it must pickle). The driver holds the folder's writer lock for the whole run
+    (``wait`` as in :func:`~criticalkv.eval.runner.run_sweep`).
+    """
+    ray = import_ray()
+    from criticalkv.models import load_tokenizer
+
+    options = options or RayOptions()
+    tokenizer = load_tokenizer(config.model)
+    with sweep_folder(Path(config.out), config.identity(), {**config.to_json(), "ray": asdict(options)}, wait) as out:
+        done = done_index(out)
+        units, already = build_units(config, tokenizer, done, options.samples_per_unit)
+        if not units:
+            logger.info("nothing left to run in %s", out)
+            return out
+        _run_units(ray, config, options, after_sample, units, out, done, already)
     return out

@@ -6,8 +6,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Container
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,11 +40,13 @@ class WorkUnit:
 
 @dataclass(frozen=True)
 class UnitResult:
-    """What a worker returns for a unit: the records and how long the unit took there."""
+    """What a worker returns for a unit: the records, how long the unit took there, and the
+    ``skipped.jsonl`` lines of samples it skipped (longer than the model accepts)."""
 
     records: list[dict[str, Any]]
     seconds: float
     worker: str
+    skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
 class EvalWorker:
@@ -87,15 +89,18 @@ class EvalWorker:
         assert self.evaluator is not None
         started = time.perf_counter()
         records: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
         for item in unit.items:
-            records += self.evaluator.run(item.length, item.sample, item.pending)
+            done, skips = self.evaluator.run_or_skip(item.length, item.sample, item.pending)
+            records += done
+            skipped += skips
             if self.after_sample is not None:
                 self.after_sample()
-        return UnitResult(records, time.perf_counter() - started, self.name)
+        return UnitResult(records, time.perf_counter() - started, self.name, skipped)
 
 
 def build_units(
-    config: SweepConfig, tokenizer: Any, done: Container[str], samples_per_unit: int
+    config: SweepConfig, tokenizer: Any, done: Mapping[str, str | None], samples_per_unit: int
 ) -> tuple[list[WorkUnit], int]:
     """The sweep's pending work as units of ``samples_per_unit`` samples (in the local runner's
     order), and how many of the sweep's results are already done."""

@@ -1,19 +1,27 @@
-"""Summaries, tables and plots of a sweep, from ``results.jsonl`` alone."""
+"""Summaries, tables and plots of a sweep, from its folder alone (``results.jsonl``, ``skipped.jsonl``).
+
+The report counts one line per result key (the last, see
+:func:`~criticalkv.eval.store.current_results`), prints each cell's sample count, and compares
+two methods only over the samples both have (:mod:`criticalkv.eval.summary`).
+"""
 
 from __future__ import annotations
 
 import csv
-import math
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, cell_intervals, describe_difference, paired_differences
-from criticalkv.eval.store import read_results
+from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, describe_difference, paired_differences
+from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
+from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
 from criticalkv.plotting import pyplot
 
-AVERAGE = "average"
+logger = logging.getLogger(__name__)
+
+__all__ = ["AVERAGE", "base_of", "build_report", "format_tables", "loss_reductions", "plot", "summarise", "write_csv"]
 FIELDS = [
     "length",
     "method",
@@ -23,6 +31,7 @@ FIELDS = [
     "score",
     "partial",
     "loss",
+    "loss_n",
     "nll",
     "nll_increase",
     "kl",
@@ -31,15 +40,6 @@ FIELDS = [
 ]
 # each measured column is followed by its 95% bootstrap interval (criticalkv.eval.bootstrap)
 FIELDS = [c for f in FIELDS for c in (f, *INTERVAL_COLUMNS.get(f, ()))]
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def base_of(method: str) -> str | None:
-    """``critical-adakv`` -> ``adakv``; ``None`` for a non-critical method."""
-    return method[len("critical-") :] if method.startswith("critical-") else None
 
 
 def _group(record: dict[str, Any], by: str) -> str:
@@ -59,48 +59,19 @@ def _group(record: dict[str, Any], by: str) -> str:
 def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dict[str, Any]]:
     """One row per (length or 'all', method, budget, task or 'average'), scores in percent.
 
-    ``loss`` is the compression loss (full - score) / full on the same subset;
-    ``nll_increase`` the mean per-sample increase of the gold answer's NLL over the full cache.
-    With ``by="bucket"`` the ``length`` column holds LongBench-E's bucket (0-4k, 4-8k, 8k+, by the
-    sample's LongBench length in words or characters) instead of the sweep length.
+    ``records`` hold one line per key (:func:`~criticalkv.eval.store.current_results`). ``n`` is
+    the samples a row averages; ``loss`` the compression loss (full - score) / full over the
+    ``loss_n`` samples the row and the full cache both have; ``nll_increase`` the mean per-sample
+    increase of the gold answer's NLL over the full cache. With ``by="bucket"`` the ``length``
+    column holds LongBench-E's bucket (0-4k, 4-8k, 8k+, by the sample's LongBench length in words
+    or characters) instead of the sweep length.
     """
-    full_nll = {(r["task"], r["length"], r["index"]): r["nll"] for r in records if r["method"] == "full"}
     groups: dict[tuple[str, str, Any, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         for length in ("all", _group(r, by)):
             groups[(length, r["method"], r["budget"], r["task"])].append(r)
             groups[(length, r["method"], r["budget"], AVERAGE)].append(r)
-    rows = []
-    for (length, method, budget, task), items in groups.items():
-        deltas = [r["nll"] - full_nll[k] for r in items if (k := (r["task"], r["length"], r["index"])) in full_nll]
-        if task == AVERAGE:  # average of per-task means, as RULER reports
-            per_task: dict[str, list[float]] = defaultdict(list)
-            for r in items:
-                per_task[r["task"]].append(r["score"])
-            score = _mean([_mean(v) for v in per_task.values()])
-        else:
-            score = _mean([r["score"] for r in items])
-        rows.append(
-            {
-                "length": length,
-                "method": method,
-                "budget": budget,
-                "task": task,
-                "n": len(items),
-                "score": 100 * score,
-                "partial": 100 * _mean([r["partial"] for r in items]),
-                "nll": _mean([r["nll"] for r in items]),
-                "nll_increase": _mean(deltas),
-                "kl": _mean([r["kl"] for r in items]),
-                "top1": _mean([r["top1"] for r in items]),
-                "kv_ratio": _mean([r["kv_bytes"] / r["kv_bytes_full"] for r in items]),
-                **cell_intervals(items, deltas, by_task=task == AVERAGE),
-            }
-        )
-    full_score = {(r["length"], r["task"]): r["score"] for r in rows if r["method"] == "full"}
-    for r in rows:
-        ref = full_score.get((r["length"], r["task"]))
-        r["loss"] = (ref - r["score"]) / ref if ref else math.nan
+    rows = summary_rows(groups)
     rows.sort(
         key=lambda r: (
             r["length"] != "all",
@@ -112,22 +83,6 @@ def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dic
         )
     )
     return rows
-
-
-def loss_reductions(rows: Sequence[dict[str, Any]], length: str = "all") -> list[dict[str, Any]]:
-    """For each Critical* method and budget: 1 - loss_critical / loss_base on the average."""
-    avg = {(r["method"], r["budget"]): r for r in rows if r["task"] == AVERAGE and r["length"] == length}
-    out = []
-    for (method, budget), r in sorted(avg.items(), key=lambda kv: (kv[0][0], float(kv[0][1]))):
-        base = base_of(method)
-        if base is None or (base, budget) not in avg:
-            continue
-        lb, lc = avg[(base, budget)]["loss"], r["loss"]
-        red = 1 - lc / lb if lb and not math.isnan(lb) and lb > 0 else math.nan
-        out.append(
-            {"method": method, "base": base, "budget": budget, "loss_base": lb, "loss_critical": lc, "reduction": red}
-        )
-    return out
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path, group: str = "length") -> None:
@@ -143,11 +98,18 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path, group: str = "length")
             )
 
 
+def _cell(row: dict[str, Any] | None, width: int) -> str:
+    """``score(n)`` right-aligned, or ``-`` for no results."""
+    return f"{row['score']:.1f}({row['n']})".rjust(width) if row else "-".rjust(width)
+
+
 def format_tables(
     rows: Sequence[dict[str, Any]], length: str = "all", records: Sequence[dict[str, Any]] | None = None
 ) -> str:
-    """Score per task and average per (method, budget), loss, NLL increase; then loss reductions
-    (with ``records``: and the paired bootstrap interval of each Critical-X minus X difference)."""
+    """Score per task and average per (method, budget), each as ``score(n samples)``; the loss
+    against the full cache (over the samples both have, their count beside it), NLL increase;
+    then loss reductions (over the samples the method, its base and the full cache all have; with
+    ``records``, the paired bootstrap interval of each Critical-X minus X difference)."""
     sel = [r for r in rows if r["length"] == length]
     tasks = sorted({r["task"] for r in sel if r["task"] != AVERAGE})
     configs = sorted({(r["method"], r["budget"]) for r in sel}, key=lambda mb: (mb[0] != "full", float(mb[1]), mb[0]))
@@ -155,33 +117,48 @@ def format_tables(
     short = [
         t.replace("niah_", "").replace("single", "s").replace("multikey", "mk").replace("multi", "m") for t in tasks
     ]
-    widths = [max(8, len(s)) for s in short]
+    widths = [max(10, len(s)) for s in short]
     head = (
         f"{'method':<18}{'budget':>7} "
         + " ".join(f"{s:>{w}}" for s, w in zip(short, widths, strict=True))
-        + f" {'avg':>7} {'loss':>7} {'dNLL':>7} {'top1':>6}"
+        + f" {'avg(n)':>11} {'loss(n)':>12} {'dNLL':>7} {'top1':>6}"
     )
     lines = [head, "-" * len(head)]
     for method, budget in configs:
         cells = [by.get((method, budget, t)) for t in tasks]
         avg = by[(method, budget, AVERAGE)]
+        loss = f"{avg['loss']:.3f}({avg['loss_n']})"
         lines.append(
             f"{method:<18}{budget!s:>7} "
-            + " ".join(f"{c['score']:>{w}.1f}" if c else f"{'-':>{w}}" for c, w in zip(cells, widths, strict=True))
-            + f" {avg['score']:>7.1f} {avg['loss']:>7.3f} {avg['nll_increase']:>7.3f} {avg['top1']:>6.3f}"
+            + " ".join(_cell(c, w) for c, w in zip(cells, widths, strict=True))
+            + f" {_cell(avg, 11)} {loss:>12} {avg['nll_increase']:>7.3f} {avg['top1']:>6.3f}"
         )
     reductions = loss_reductions(rows, length)
     if reductions:
-        lines += ["", "loss reduction of CriticalKV vs its base (1 - loss_critical / loss_base):"]
+        lines += ["", "loss reduction of CriticalKV vs its base (1 - loss_critical / loss_base), on shared samples:"]
         paired = paired_differences(records, length) if records is not None else {}
         for r in reductions:
             lines.append(
                 f"  {r['method']:<18} @ {r['budget']!s:<5} base loss {r['loss_base']:.3f} -> {r['loss_critical']:.3f}"
-                f"  reduction {r['reduction']:.2f}"
+                f"  reduction {r['reduction']:.2f}  (n={r['n']})"
             )
             if (r["method"], r["budget"]) in paired:
                 lines.append(f"    minus base, 95% CI: {describe_difference(paired[(r['method'], r['budget'])])}")
     return "\n".join(lines)
+
+
+def _skipped_note(out_dir: Path, records: Sequence[dict[str, Any]]) -> str:
+    """A line counting the samples the sweep skipped and never computed (e.g. too long)."""
+    computed = {sample_key(r) for r in records}
+    skipped = [s for s in read_skipped(out_dir) if sample_key(s) not in computed]
+    if not skipped:
+        return ""
+    where = ", ".join(f"{s['task']} line {(s.get('meta') or {}).get('line', s['index'])}" for s in skipped[:10])
+    more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+    return (
+        f"\n\nskipped {len(skipped)} sample(s) longer than the model accepts (not in the table): {where}{more}"
+        f" (see {out_dir / 'skipped.jsonl'})"
+    )
 
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None) -> list[Path]:
@@ -245,9 +222,11 @@ def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool =
     ``buckets``: also group LongBench(-E) results by length bucket (``summary_buckets.csv`` and
     one table per bucket).
     """
-    records = read_results(out_dir)
+    out_dir = Path(out_dir)
+    records = current_results(read_results(out_dir), out_dir / RESULTS)
+    note = _skipped_note(out_dir, records)
     if not records:
-        raise ValueError(f"{out_dir} has no results yet (no {out_dir / 'results.jsonl'})")
+        raise ValueError(f"{out_dir} has no results yet (no usable line in {out_dir / RESULTS}){note}")
     rows = summarise(records)
     write_csv(rows, out_dir / "summary.csv")
     text = format_tables(rows, records=records)
@@ -263,4 +242,4 @@ def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool =
         for bucket in BUCKETS:
             if any(r["length"] == bucket for r in by_bucket):
                 text += f"\n\n[LongBench-E bucket {bucket}]\n" + format_tables(by_bucket, bucket)
-    return text, plot(rows, out_dir, bar_budget)
+    return text + note, plot(rows, out_dir, bar_budget)

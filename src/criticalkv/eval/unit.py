@@ -8,8 +8,9 @@ Writing them to ``results.jsonl`` is the caller's job.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
-from criticalkv.eval.store import result_key
+from criticalkv.eval.store import is_done, result_key
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
@@ -38,6 +39,8 @@ from criticalkv.scores.queries import resolve_num_queries
 if TYPE_CHECKING:
     from criticalkv.eval.config import SweepConfig
 
+logger = logging.getLogger(__name__)
+
 Pair = tuple[str, Budget]
 
 #: tokens generated when neither the sample nor ``--max-new-tokens`` says fewer
@@ -49,9 +52,20 @@ def record_key(task: str, length: int, index: int, method: str, budget: Budget) 
     return {"task": task, "length": length, "index": index, "method": method, "budget": budget}
 
 
-def pending_pairs(sample: Sample, length: int, pairs: Sequence[Pair], done: Container[str]) -> list[Pair]:
-    """The (method, budget) pairs of ``sample`` whose result key is not in ``done``."""
-    return [(m, b) for m, b in pairs if result_key(record_key(sample.task, length, sample.index, m, b)) not in done]
+def pending_pairs(sample: Sample, length: int, pairs: Sequence[Pair], done: Mapping[str, str | None]) -> list[Pair]:
+    """The (method, budget) pairs of ``sample`` not done on its current content (``done``: result key
+    -> content hash, see :func:`criticalkv.eval.store.done_index`)."""
+    sha = sample.meta.get("sha256")
+    keys = [(m, b, result_key(record_key(sample.task, length, sample.index, m, b))) for m, b in pairs]
+    return [(m, b) for m, b, key in keys if not is_done(done, key, sha)]
+
+
+class SampleTooLong(ValueError):
+    """A sample needs more positions than the model has; ``skip`` is its line for ``skipped.jsonl``."""
+
+    def __init__(self, message: str, skip: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.skip = skip
 
 
 @dataclass(frozen=True)
@@ -86,7 +100,8 @@ class SampleEvaluator:
         self.tokenizer = tokenizer
         self.limit: int | None = getattr(model.config, "max_position_embeddings", None)
         self.cap = config.max_new_tokens or DEFAULT_GENERATION_CAP
-        if self.limit is not None and any(n + self.cap > self.limit for n in config.lengths):
+        lengths = [] if config.bench.per_sample_length else config.lengths
+        if self.limit is not None and any(n + self.cap > self.limit for n in lengths):
             raise ValueError(
                 f"the model takes at most {self.limit} positions; lower --lengths (generation needs {self.cap} more)"
             )
@@ -104,6 +119,19 @@ class SampleEvaluator:
             needs = needs.merge(bound.needs)
         self.queries_needed = needs.queries
 
+    def run_or_skip(
+        self, length: int, sample: Sample, pending: Sequence[Pair]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``(records, skipped)``: :meth:`run`, or, for a benchmark whose samples have their own
+        length, no records and the sample's ``skipped.jsonl`` line if it is longer than the model accepts."""
+        try:
+            return self.run(length, sample, pending), []
+        except SampleTooLong as error:
+            if not self.config.bench.per_sample_length:
+                raise
+            logger.warning("skipping a sample: %s", error)
+            return [], [error.skip]
+
     @torch.no_grad()
     def run(self, length: int, sample: Sample, pending: Sequence[Pair]) -> list[dict[str, Any]]:
         """Result records of ``pending`` on ``sample``, in the order of ``pending`` (``full`` first if pending)."""
@@ -117,9 +145,19 @@ class SampleEvaluator:
         max_new = min(sample.max_new_tokens, self.cap)
         positions_needed = len(ctx) + len(qst) + max(max_new, len(gold))
         if self.limit is not None and positions_needed > self.limit:
-            raise ValueError(
-                f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template and "
-                f"answer), more than the model's {self.limit}; lower --lengths"
+            what = f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template "
+            advice = "shorten it" if config.bench.per_sample_length else "lower --lengths"
+            raise SampleTooLong(
+                f"{what}and answer), more than the model's {self.limit}; {advice}",
+                {
+                    "task": sample.task,
+                    "length": length,
+                    "index": sample.index,
+                    "reason": "too long",
+                    "positions": positions_needed,
+                    "limit": self.limit,
+                    "meta": sample.meta,
+                },
             )
         ids, mask = left_pad([prompt], self.pad_id)
         ids, mask = ids.to(device), mask.to(device)

@@ -36,9 +36,27 @@ class FolderLayout:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` (an empty dict if there is none)."""
+    """The JSON object in ``path`` (an empty dict if there is none).
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is a folder, or holds something other than a JSON object.
+    """
     path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a file; move it out of the way")
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is damaged ({error}); restore it, or move the folder aside and start anew") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(data).__name__}, not an object; restore it or move the folder aside"
+        )
+    return data
 
 
 def write_json(path: Path, data: Mapping[str, Any], trailing_newline: bool = False) -> None:

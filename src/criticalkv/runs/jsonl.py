@@ -37,8 +37,13 @@ class JsonLines:
         self.dumps = dumps
         self.repair()
 
+    def _check(self) -> None:
+        if self.path.is_dir():
+            raise ValueError(f"{self.path} is a folder, not a results file; move it out of the way")
+
     def repair(self) -> None:
         """Cut off an incomplete last line (an interrupted write)."""
+        self._check()
         if not self.path.is_file():
             return
         data = self.path.read_bytes()
@@ -48,20 +53,32 @@ class JsonLines:
         with self.path.open("r+b") as fh:
             fh.truncate(data.rfind(b"\n") + 1)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every complete row, in file order; lines that do not parse are skipped with a warning."""
+    def numbered_rows(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(line number, row)`` of every complete row, in file order; lines that are not a
+        UTF-8 JSON object are skipped with a warning naming the file and line."""
         self.repair()
         if not self.path.is_file():
             return []
         rows = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
+        for number, raw in enumerate(self.path.read_bytes().splitlines(), start=1):
+            if not raw.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
                 logger.warning("skipping line %d of %s: not valid JSON", number, self.path)
+                continue
+            if not isinstance(row, dict):
+                logger.warning(
+                    "skipping line %d of %s: a JSON %s, not an object", number, self.path, type(row).__name__
+                )
+                continue
+            rows.append((number, row))
         return rows
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every complete row, in file order (see :meth:`numbered_rows`)."""
+        return [row for _, row in self.numbered_rows()]
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append ``rows``, one line (and one write) each, then sync the file."""

@@ -47,6 +47,9 @@ class Benchmark(ABC):
     options_type: ClassVar[type[Any]]
     #: tokens to generate when the sweep sets no cap (``None``: each sample's own)
     max_new_tokens: ClassVar[int | None] = None
+    #: ``True``: samples come at their own length (``--lengths`` does not apply), and one longer
+    #: than the model accepts is skipped with a warning (and counted in the report), not an error
+    per_sample_length: ClassVar[bool] = False
 
     def options_from_flat(self, flat: Mapping[str, Any]) -> Any:
         """This benchmark's options from flat ones; raises ``ValueError`` for another benchmark's."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw
 from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.store import DATASET_CHECK
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +25,27 @@ class DatasetOptions:
 
 class Dataset(Benchmark):
     """The first ``samples`` lines of each task of the file, each at its own length (recorded as
-    length 0); a file without ``task`` fields is one task."""
+    length 0); a file without ``task`` fields is one task.
+
+    The run identity names the file (not its path: the same file by a relative or an absolute
+    path resumes); each result carries its line's content hash, so an edited line is computed
+    again on resume (see :mod:`criticalkv.eval.store`).
+    """
 
     name = "dataset"
     options_type = DatasetOptions
+    per_sample_length = True
 
     def prepare(self, tasks: list[str] | None, options: DatasetOptions) -> tuple[list[str], DatasetOptions]:
+        """Reads the file once, so a missing, unreadable or empty file is refused before any work."""
         if not options.dataset:
             raise ValueError("the dataset benchmark needs --dataset PATH.jsonl")
+        load_dataset_file(options.dataset)
         return list(tasks or []), options
+
+    def identity(self, options: DatasetOptions) -> dict[str, Any]:
+        assert options.dataset is not None
+        return {"dataset": Path(options.dataset).name, DATASET_CHECK: "sha256 of each line"}
 
     def samples(self, draw: Draw, options: DatasetOptions, tokenizer: Any) -> Iterator[tuple[int, Sample]]:
         assert options.dataset is not None
