@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
+from criticalkv.headscores.file import load_head_scores
 from criticalkv.methods import get_method
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
 
@@ -29,6 +31,8 @@ class SweepConfig:
     LongBench dataset). ``options``: the benchmark's own options dataclass (e.g.
     :class:`~criticalkv.eval.benchmarks.RulerOptions`); left ``None``, it is built from the flat
     ``qa_source``, ``dataset``, ``data_dir`` and ``longbench_e`` (the command line's spelling).
+    ``head_scores``: a head-score file for ``headkv``-style methods (``None``: the model's own);
+    the identity then holds the file's content fingerprint, so an edited file is another run.
     """
 
     out: Path
@@ -45,6 +49,7 @@ class SweepConfig:
     max_new_tokens: int | None = None
     chat: bool = True
     options: Any = None
+    head_scores: str | None = None
     qa_source: InitVar[str | None] = None
     dataset: InitVar[str | None] = None
     data_dir: InitVar[str | None] = None
@@ -61,6 +66,9 @@ class SweepConfig:
         if self.max_new_tokens is None:
             self.max_new_tokens = self.bench.max_new_tokens
         self._check_grid()
+        if self.head_scores is not None:
+            self.head_scores = str(self.head_scores)
+            load_head_scores(self.head_scores)  # a missing or damaged file is refused before any work
 
     def _options(self, flat: dict[str, Any]) -> Any:
         bench = self.bench
@@ -95,7 +103,10 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """What must match to resume: the sweep's settings, then the benchmark's part."""
         own = {k: getattr(self, k) for k in IDENTITY_KEYS}
-        return {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
+        identity = {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
+        if self.head_scores is not None:  # absent otherwise: folders made without the option keep their identity
+            identity["head_scores"] = head_scores_fingerprint(self.head_scores)
+        return identity
 
     def configs(self) -> list[tuple[str, Budget]]:
         """(method, budget) pairs: ``full`` once at budget 1.0, every other method at every budget."""
@@ -111,7 +122,14 @@ class SweepConfig:
         data = asdict(self)
         options = data.pop("options")
         data["out"] = str(self.out)
+        if data["head_scores"] is None:
+            del data["head_scores"]  # as configs were recorded before the option existed
         return {**data, **FLAT_DEFAULTS, **options}
+
+
+def head_scores_fingerprint(path: str) -> str:
+    """The content fingerprint of a head-score file (sha256 of its bytes, first 16 hex digits)."""
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 # the flat options are arguments only (they live in ``options``): reading one off a config fails

@@ -95,7 +95,7 @@ class SampleEvaluator:
         self.device = input_device(model)
         self.eos = eos_ids(model, tokenizer)
         self.window = int(config.window or 0)
-        self.methods = {name: bind(get_method(name), model) for name in {"full", *config.methods}}
+        self.methods = {name: bind(get_method(name), model, config.head_scores) for name in {"full", *config.methods}}
         needs = NOTHING
         for bound in self.methods.values():
             needs = needs.merge(bound.needs)
