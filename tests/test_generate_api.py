@@ -176,8 +176,10 @@ def test_num_return_sequences_on_a_filled_cache_fails_clearly(models: dict[str, 
     """A filled cache is not repeated by generate: the row mismatch is reported, not a shape error."""
     model = models["llama"]
     cache, ids, mask = compress_context(model)
+    q_ids, q_mask = question(8)
+    full_ids, full_mask = torch.cat([ids, q_ids], 1), torch.cat([mask, q_mask], 1)
     with pytest.raises(ValueError, match="holds 2 rows but 4"):
-        generate(model, cache, ids, mask, do_sample=True, top_k=1, num_return_sequences=2)
+        generate(model, cache, full_ids, full_mask, do_sample=True, top_k=1, num_return_sequences=2)
 
 
 def test_batch_repeat_interleave_then_generate(models: dict[str, PreTrainedModel]) -> None:

@@ -17,9 +17,9 @@ from criticalkv.bench.kvpress_impl import import_kvpress, kvpress_supports, meas
 from criticalkv.bench.ours import measure_criticalkv, measure_full
 from criticalkv.bench.prompt import bench_prompts
 from criticalkv.bench.record import BenchRecord
-from criticalkv.budgets.resolve import Budget, validate_budget
+from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import check_window
-from criticalkv.methods import Method, get_method
+from criticalkv.methods import Method, bind, get_method
 from criticalkv.runtime.forward import input_device
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -34,7 +34,8 @@ class BenchConfig:
 
     ``kvpress``: ``"auto"`` compares with kvpress when it can be imported, ``"on"`` requires
     it, ``"off"`` skips it. ``full`` (transformers' dynamic cache) is always measured: it is
-    the reference of every ratio.
+    the reference of every ratio. ``head_scores``: a head-score file for head-prior methods
+    (``headkv``, ``critical-headkv``) instead of the model's own.
     """
 
     context_lengths: list[int] = field(default_factory=lambda: [4096])
@@ -46,6 +47,7 @@ class BenchConfig:
     kvpress: str = "auto"
     repeats: int = 1
     norm_precision: str | None = None
+    head_scores: str | Path | None = None
 
     def __post_init__(self) -> None:
         self.methods = [get_method(m).name for m in self.methods if m != "full"]
@@ -63,6 +65,12 @@ class BenchConfig:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
         if self.kvpress not in KVPRESS_CHOICES:
             raise ValueError(f"kvpress must be one of {', '.join(KVPRESS_CHOICES)}, not {self.kvpress!r}")
+        for length in self.context_lengths:  # every (length, budget) resolves before anything is measured
+            for budget in self.budgets:
+                try:
+                    resolve_budget(budget, torch.tensor([length]), self.window)
+                except ValueError as err:
+                    raise ValueError(f"--budgets {budget} at --context-lengths {length}: {err}") from None
 
     def check_model(self, model: Any) -> None:
         limit = getattr(model.config, "max_position_embeddings", None)
@@ -72,6 +80,8 @@ class BenchConfig:
                 f"the model takes at most {limit} positions; the longest context plus decode tokens needs {longest} "
                 "(lower --context-lengths or --decode-tokens)"
             )
+        for name in self.methods:  # head scores found and fitting the model, before anything is measured
+            bind(get_method(name), model, self.head_scores)
 
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
@@ -158,16 +168,17 @@ def run_bench(
         records_path = out / "records.jsonl"
         _drop_torn_tail(records_path)
         done = {record_key(r) for r in load_records(records_path)}
-    plan: list[tuple[str, str, int, float, int]] = []
+    plan: list[tuple[str, str, int, Budget, int]] = []
     for length in config.context_lengths:
         for batch in config.batch_sizes:
             plan.append(("criticalkv", "full", length, 1.0, batch))
             for budget in config.budgets:
                 for method in config.methods:
-                    plan.append(("criticalkv", method, length, float(budget), batch))
-                    if kvpress is not None and kvpress_supports(method) and float(budget) <= 1.0:
-                        plan.append(("kvpress", method, length, float(budget), batch))
-    todo = [p for p in plan if "|".join(str(x) for x in p) not in done]
+                    plan.append(("criticalkv", method, length, budget, batch))
+                    if kvpress is not None and kvpress_supports(method) and isinstance(budget, float):
+                        plan.append(("kvpress", method, length, budget, batch))  # kvpress takes fractions only
+    # a token count is recorded (and keyed) as a float above 1, as records always held budgets
+    todo = [p for p in plan if "|".join(str(x) for x in (*p[:3], float(p[3]), p[4])) not in done]
     records: list[BenchRecord] = []
     if not todo:
         return records
@@ -183,12 +194,14 @@ def run_bench(
         for _ in range(config.repeats):
             if impl == "kvpress":
                 tries.append(
-                    measure_kvpress(kvpress, kvpress_model, ids, method, budget, config.window, config.decode_tokens)
+                    measure_kvpress(
+                        kvpress, kvpress_model, ids, method, float(budget), config.window, config.decode_tokens
+                    )
                 )
             elif method == "full":
                 tries.append(measure_full(model, ids, config.decode_tokens))
             else:
-                chosen = with_norm_precision(get_method(method), config.norm_precision)
+                chosen = with_norm_precision(bind(get_method(method), model, config.head_scores), config.norm_precision)
                 tries.append(measure_criticalkv(model, ids, chosen, budget, config.window, config.decode_tokens))
         record = _fastest(tries)
         records.append(record)

@@ -17,6 +17,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from criticalkv.cache.continuation import guard_reuse
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.routing import claim
 
@@ -74,8 +75,11 @@ def route_attention(model: nn.Module) -> nn.Module:
     """Route ``model``'s attention through criticalkv (idempotent; returns the model).
 
     Without a criticalkv cache the model computes exactly what ``sdpa`` computes, so a routed
-    model can still be used normally. :func:`criticalkv.attach` checks the architecture first.
+    model can still be used normally. A compressed cache that holds a prompt is guarded against
+    reuse for another one (:mod:`criticalkv.cache.continuation`). :func:`criticalkv.attach`
+    checks the architecture first.
     """
+    guard_reuse(model)
     config: Any = model.config
     if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         setter = getattr(model, "set_attn_implementation", None)

@@ -9,63 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
+from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill
+from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
 from criticalkv.scores.queries import resolve_num_queries
 from criticalkv.state import LayerState
 
+__all__ = ["DEFAULT_WINDOW", "CompressedCache", "check_window", "state_from_prefill"]
+
 logger = logging.getLogger(__name__)
-
-DEFAULT_WINDOW = 32
-
-
-def check_window(window: int) -> int:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer number of tokens, not {window!r}")
-    return window
-
-
-def state_from_prefill(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    valid: torch.Tensor,
-    module: nn.Module,
-    *,
-    window: int,
-    layer_idx: int,
-    num_layers: int,
-    num_queries: int | None = None,
-) -> LayerState:
-    """Build a :class:`LayerState` from the tensors the attention function sees in the prefill.
-
-    It holds the last ``max(window, num_queries)`` queries (all of them at most).
-    """
-    lengths = valid.sum(-1)
-    shortest = int(lengths.min())
-    if shortest < window:
-        raise ValueError(
-            f"a prompt of {shortest} tokens is shorter than the observation window ({window} tokens); "
-            "use a longer context or a smaller window"
-        )
-    n_q = window if num_queries is None else max(window, num_queries)
-    n_q = min(n_q, query.shape[2])
-    return LayerState(
-        queries=query[:, :, -n_q:, :],
-        keys=keys,
-        values=values,
-        valid=valid,
-        module=module,
-        window=window,
-        layer_idx=layer_idx,
-        num_layers=num_layers,
-    )
 
 
 def _synchronize(device: torch.device) -> None:
@@ -100,6 +58,14 @@ class CompressedCache(Cache):
     state (its full keys and values) until the last layer's, then selects over all layers jointly
     and compresses them all. During such a prefill the whole uncompressed prompt cache is held,
     as in the released code; the memory saving starts when the prefill ends.
+
+    **One prompt per cache.** Once it holds a compressed prompt, a cache accepts only
+    continuations of it: ``generate``'s decode steps, a question appended after the context
+    (question-agnostic mode), teacher-forced answer tokens, or ``generate`` called again with a
+    prompt that begins with the tokens the cache holds (with an attention mask that covers them).
+    A new prompt raises ``ValueError`` (checked on every forward of an attached model) instead of
+    being appended to the old entries: use a fresh cache, or :meth:`fork` the compressed context
+    once per question.
     """
 
     def __init__(
@@ -124,6 +90,8 @@ class CompressedCache(Cache):
         self._budget_tokens: torch.Tensor | None = None
         #: cross-layer methods: the layers seen so far in this prefill, compressed after the last one
         self._deferred: dict[int, tuple[CompressedLayer, LayerState]] = {}
+        #: the token ids fed so far, to recognise a continuation (see the class docstring)
+        self.tokens = TokenRecord()
         #: seconds spent selecting and storing kept entries (all layers); with ``synchronize_timing``
         #: the device is synchronised around each layer so the time is exact on CUDA (benchmarks only)
         self.compress_seconds = 0.0
@@ -245,6 +213,7 @@ class CompressedCache(Cache):
         clone = CompressedCache(self.num_layers, self.method, self.budget, self.window)
         clone.real_prompt_tokens = self.real_prompt_tokens
         clone._budget_tokens = self._budget_tokens
+        clone.tokens = self.tokens.head(self.compressed_layers[0].prefix_len)
         for mine, theirs in zip(self.compressed_layers, clone.compressed_layers, strict=True):
             if mine.prefix is None:
                 raise ValueError("only a cache that already holds a compressed prompt can be forked")
@@ -257,6 +226,22 @@ class CompressedCache(Cache):
             theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True
             theirs.owns_prefix = False  # shared read-only: appends go to the clone's own tail
         return clone
+
+    def holds_prompt(self) -> bool:
+        """Whether a compressed prompt is stored (then only continuations are accepted)."""
+        return any(layer.prefix is not None for layer in self.compressed_layers)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.tokens.select(beam_idx)
+        super().reorder_cache(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.tokens.select(indices)
+        super().batch_select_indices(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.tokens.repeat_rows(repeats)
+        super().batch_repeat_interleave(repeats)
 
     def save(self, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
         """Write the cache to ``path`` atomically; returns the file's bytes (see :mod:`~criticalkv.cache.persist`)."""

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 
 NAME = "bench"
 HELP = "time prefill, compression, decode and memory of methods (and kvpress's, if installed) side by side"
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
     p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
+    add_head_scores_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         kvpress=args.kvpress,
         repeats=args.repeats,
         norm_precision=args.norm_precision,
+        head_scores=check_head_scores(args.head_scores),
     )
+    if args.out is not None:
+        output_folder(args.out, "--out")
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     config.check_model(model)
     kvpress_model = None

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, methods_arg
+from criticalkv.commands.inputs import output_folder
 
 NAME = "demo"
 HELP = "needle-retrieval comparison of methods: table and PNG plot"
@@ -28,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise UsageError("--samples must be at least 1")
+    output_folder(args.out, "--out")
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     started = time.perf_counter()
     rows = run_demo(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from criticalkv.commands import scale
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores
 from criticalkv.runtime import MODES
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -46,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="dtype of the Critical selections' value norms (default: each method's own, 'auto')",
     )
+    add_head_scores_argument(p)
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
     p.add_argument(
         "--wait",
@@ -65,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
     tasks = None if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == [] and not args.dataset:
         raise UsageError("no tasks given")
-    kwargs = {} if args.methods is None else {"methods": args.methods}
+    kwargs: dict[str, Any] = {} if args.methods is None else {"methods": args.methods}
+    head_scores = check_head_scores(args.head_scores)
+    if head_scores is not None:
+        kwargs["head_scores"] = str(head_scores)
     config = SweepConfig(
         out=args.out,
         benchmark="dataset" if args.dataset else args.benchmark,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
 from criticalkv.runtime import MODES
 
 NAME = "generate"
@@ -26,12 +27,12 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=32)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    add_head_scores_argument(gen)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.context_file.is_file():
-        raise UsageError(f"context file {args.context_file} does not exist")
-    context = args.context_file.read_text(encoding="utf-8")
+    context = read_text_file(args.context_file, "--context-file")
+    head_scores = check_head_scores(args.head_scores)
     if not context.strip():
         raise UsageError(f"context file {args.context_file} is empty")
     if not args.question.strip():
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         window=args.window,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
+        head_scores=head_scores,
     )
     record = {
         "answer": result.answers[0],

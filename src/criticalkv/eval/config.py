@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
+from criticalkv.headscores.file import load_head_scores
 from criticalkv.methods import get_method
 from criticalkv.runs import check_folder_path
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
@@ -31,6 +33,8 @@ class SweepConfig:
     LongBench dataset). ``options``: the benchmark's own options dataclass (e.g.
     :class:`~criticalkv.eval.benchmarks.RulerOptions`); left ``None``, it is built from the flat
     ``qa_source``, ``dataset``, ``data_dir`` and ``longbench_e`` (the command line's spelling).
+    ``head_scores``: a head-score file for ``headkv``-style methods (``None``: the model's own);
+    the identity then holds the file's content fingerprint, so an edited file is another run.
     """
 
     out: Path
@@ -50,6 +54,7 @@ class SweepConfig:
     #: in the identity only when set, so folders made before the option resume unchanged
     norm_precision: str | None = None
     options: Any = None
+    head_scores: str | None = None
     qa_source: InitVar[str | None] = None
     dataset: InitVar[str | None] = None
     data_dir: InitVar[str | None] = None
@@ -67,6 +72,9 @@ class SweepConfig:
         if self.max_new_tokens is None:
             self.max_new_tokens = self.bench.max_new_tokens
         self._check_grid()
+        if self.head_scores is not None:
+            self.head_scores = str(self.head_scores)
+            load_head_scores(self.head_scores)  # a missing or damaged file is refused before any work
 
     def _options(self, flat: dict[str, Any]) -> Any:
         bench = self.bench
@@ -103,8 +111,12 @@ class SweepConfig:
     def identity(self) -> dict[str, Any]:
         """What must match to resume: the sweep's settings, then the benchmark's part."""
         own = {k: getattr(self, k) for k in IDENTITY_KEYS}
-        extra = {} if self.norm_precision is None else {"norm_precision": self.norm_precision}
-        return {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options), **extra}
+        identity = {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
+        if self.norm_precision is not None:  # absent otherwise: folders made without the option keep their identity
+            identity["norm_precision"] = self.norm_precision
+        if self.head_scores is not None:
+            identity["head_scores"] = head_scores_fingerprint(self.head_scores)
+        return identity
 
     def configs(self) -> list[tuple[str, Budget]]:
         """(method, budget) pairs: ``full`` once at budget 1.0, every other method at every budget."""
@@ -122,7 +134,14 @@ class SweepConfig:
         if data["norm_precision"] is None:
             del data["norm_precision"]
         data["out"] = str(self.out)
+        if data["head_scores"] is None:
+            del data["head_scores"]  # as configs were recorded before the option existed
         return {**data, **FLAT_DEFAULTS, **options}
+
+
+def head_scores_fingerprint(path: str) -> str:
+    """The content fingerprint of a head-score file (sha256 of its bytes, first 16 hex digits)."""
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 # the flat options are arguments only (they live in ``options``): reading one off a config fails

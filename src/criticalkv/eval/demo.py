@@ -19,7 +19,7 @@ from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
 from criticalkv.plotting import pyplot
 from criticalkv.prompts import encode_pair, left_pad
-from criticalkv.runtime import continue_generation, decode_answers, eos_ids, input_device, prefill
+from criticalkv.runtime import check_positions, continue_generation, decode_answers, eos_ids, input_device, prefill
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,10 @@ def run_demo(
 
     The window defaults to 16 tokens, about the question's length: on the default model a
     window that holds just the question works far better than 32 or 64 (docs/results/demo-default.md).
+    A ``length`` beyond the model's positions is refused before any sample is made.
     """
+    fix = "lower --length"
+    check_positions(model, length, max_new_tokens, what=f"a needle context of --length {length}", fix=fix)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model)
     eos = eos_ids(model, tokenizer)
@@ -72,6 +75,7 @@ def run_demo(
     for i in range(samples):
         sample = make_needle_sample(tokenizer, length, seed=seed + i)
         ctx, qst = encode_pair(tokenizer, sample.context, sample.question)
+        check_positions(model, len(ctx) + len(qst), max_new_tokens, what="the needle prompt with its question", fix=fix)
         ids, mask = left_pad([ctx + qst], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         states, logits = prefill(model, ids, mask, window=window)

@@ -112,7 +112,8 @@ class SampleEvaluator:
         self.window = int(config.window or 0)
         precision = config.norm_precision
         self.methods = {
-            name: bind(get_method(name).with_norm_precision(precision), model) for name in {"full", *config.methods}
+            name: bind(get_method(name).with_norm_precision(precision), model, config.head_scores)
+            for name in {"full", *config.methods}
         }
         needs = NOTHING
         for bound in self.methods.values():

@@ -20,6 +20,7 @@ from criticalkv.runtime.forward import (
     teacher_forced_logprobs,
 )
 from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
+from criticalkv.runtime.limits import check_positions, position_limit
 
 __all__ = [
     "DEFAULT_WINDOWS",
@@ -30,11 +31,13 @@ __all__ = [
     "attach",
     "capture_prefill",
     "check_mode",
+    "check_positions",
     "continue_generation",
     "decode_answers",
     "eos_ids",
     "generate",
     "input_device",
+    "position_limit",
     "prefill",
     "prefill_into",
     "teacher_forced_logprobs",

@@ -17,7 +17,10 @@ from criticalkv.cache.capture import CaptureCache
 from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions
 from criticalkv.runtime.attach import attach
+from criticalkv.runtime.limits import check_positions
 from criticalkv.state import LayerState
+
+_SHORTEN = "shorten the input (a shorter context or --length / --context-lengths)"
 
 
 def input_device(model: Any) -> torch.device:
@@ -54,6 +57,7 @@ def capture_prefill(
     logits_to_keep: int = 1,
 ) -> tuple[list[LayerState], torch.Tensor]:
     """:func:`prefill` keeping the (B, logits_to_keep, V) logits of the last positions."""
+    check_positions(model, int(input_ids.shape[1]), fix=_SHORTEN)
     attach(model)
     capture = CaptureCache(model.config.num_hidden_layers, window=window, num_queries=num_queries)
     out = model(
@@ -70,6 +74,7 @@ def capture_prefill(
 def prefill_into(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Prefill ``input_ids`` into ``cache`` (a :class:`CompressedCache` compresses it as it goes);
     returns the (B, V) logits of the last position."""
+    check_positions(model, int(input_ids.shape[1]), fix=_SHORTEN)
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -14,10 +14,11 @@ from transformers import PreTrainedTokenizerBase
 from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
 from criticalkv.compat import cache_argument
-from criticalkv.methods import Method, bind, get_method
+from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.forward import decode_answers, eos_ids, input_device, prefill_into
+from criticalkv.runtime.limits import check_positions
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def generate(
     window: int | None = None,
     max_new_tokens: int = 32,
     chat: bool = True,
+    head_scores: HeadScoresArg = None,
     **generate_kwargs: Any,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with a compressed KV cache.
@@ -105,11 +107,17 @@ def generate(
     the observation window (SnapKV's setting). ``question-agnostic``: the context alone is
     compressed, then the question is appended to the compressed cache.
 
-    Lists of contexts and questions run as one left-padded batch. Extra keyword arguments go
-    to ``model.generate`` (greedy decoding by default).
+    Lists of contexts and questions run as one left-padded batch. ``head_scores`` (a file or
+    :class:`~criticalkv.headscores.HeadScores`) is bound for head-prior methods such as ``headkv``
+    instead of the model's own. Extra keyword arguments go to ``model.generate`` (greedy by default).
+
+    Raises
+    ------
+    ValueError
+        Before the model runs, if a prompt plus ``max_new_tokens`` exceeds the model's positions.
     """
     mode = check_mode(mode)
-    method = bind(get_method(method), model)  # once, before the cache exists
+    method = bind(get_method(method), model, head_scores)  # once, before the cache exists
     budget = validate_budget(budget)
     window = check_window(DEFAULT_WINDOWS[mode] if window is None else window)
     if max_new_tokens < 1:
@@ -119,6 +127,13 @@ def generate(
         raise ValueError(f"got {len(contexts)} contexts but {len(questions)} questions")
     attach(model)
     pairs = [encode_pair(tokenizer, c, q, chat) for c, q in zip(contexts, questions, strict=True)]
+    check_positions(
+        model,
+        max(len(c) + len(q) for c, q in pairs),
+        max_new_tokens,
+        what="the prompt (context, question and chat template)",
+        fix="shorten the context (keep the part the question needs) or lower max_new_tokens (--max-new-tokens)",
+    )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model)
     cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window)
