@@ -17,8 +17,10 @@ import torch
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from criticalkv.models.checkpoint import _load_checkpoint, _load_tokenizer
-from criticalkv.models.default_model import _embedding_rows, _ensure_default_model, _set_generation_tokens
+from criticalkv.models.converted import _ensure_default_model, _is_damaged
+from criticalkv.models.default_model import _embedding_rows, _set_generation_tokens
 from criticalkv.models.device import DeviceMap, _check_device_map, _resolve_device
+from criticalkv.models.integrity import _folder_problems
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME
 from criticalkv.models.tokenizer import _repair_tokenizer
 
@@ -85,10 +87,16 @@ def load_tokenizer(name: str | os.PathLike[str] = DEFAULT_MODEL) -> PreTrainedTo
 def _load_default(
     device: torch.device, dtype: torch.dtype | str | None, device_map: DeviceMap | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The default model, converted first on its first use."""
+    """The default model, converted first on its first use, rebuilt once if loading finds it damaged."""
     started = time.perf_counter()
     folder = _ensure_default_model()
-    model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+    try:
+        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+    except Exception:
+        if not _is_damaged(folder):
+            raise  # every file matches its checksum, so the error is not damage in the cache
+        folder = _ensure_default_model(full=True)  # rebuilds it, with a warning naming the damage
+        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
     tokenizer = _repair_tokenizer(tokenizer, _embedding_rows(model))
     _set_generation_tokens(model)
     logger.info("default model ready in %.1f s", time.perf_counter() - started)
@@ -119,6 +127,12 @@ def _load_named(
             raise ValueError(
                 f"the local folder {str(path)!r} has no config.json; pass a local folder with a Hugging Face "
                 "model saved by save_pretrained (config.json, weights, tokenizer files)."
+            )
+        problems = _folder_problems(path)
+        if problems:
+            raise ValueError(
+                f"the model folder {str(path)!r} is damaged: {'; '.join(problems)}. Copy or download those files "
+                "again (or save the model again with save_pretrained), then load it again."
             )
         return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
     if path.exists():
