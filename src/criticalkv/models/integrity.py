@@ -35,7 +35,7 @@ def _safetensors_problem(path: Path) -> str | None:
     with path.open("rb") as handle:
         (header_bytes,) = struct.unpack("<Q", handle.read(8))
         if header_bytes > min(_MAX_HEADER_BYTES, size - 8):
-            return f"{path.name} has a header length of {header_bytes} bytes in a {size}-byte file (truncated or corrupted)"
+            return f"{path.name} declares a {header_bytes}-byte header in a {size}-byte file (truncated or corrupted)"
         raw = handle.read(header_bytes)
     try:
         header = json.loads(raw)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from criticalkv.models.checkpoint import _load_checkpoint, _load_tokenizer
@@ -134,7 +135,13 @@ def _load_named(
                 f"the model folder {str(path)!r} is damaged: {'; '.join(problems)}. Copy or download those files "
                 "again (or save the model again with save_pretrained), then load it again."
             )
-        return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
+        try:
+            return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
+        except SafetensorError as error:
+            raise ValueError(
+                f"could not read the weights in the model folder {str(path)!r}: {error}. A weight file is damaged; "
+                "copy or download the checkpoint again (or save it again with save_pretrained)."
+            ) from error
     if path.exists():
         raise ValueError(
             f"{text!r} is a file; pass the local folder that holds the model's config.json, weights and "
@@ -187,11 +194,13 @@ def load_model(
     Raises
     ------
     ValueError
-        If ``name`` is neither ``"default"``, an existing folder nor a reachable hub id, or the
-        model's architecture is not supported (see :func:`check_supported`).
+        If ``name`` is neither ``"default"``, an existing folder nor a reachable hub id, the
+        model's architecture is not supported (see :func:`check_supported`), or a local folder
+        is damaged (the message names the file).
     RuntimeError
-        If the default model's GGUF file is missing and cannot be fetched; the message says how
-        to provide it.
+        If the default model's GGUF file is missing or damaged and cannot be fetched; the
+        message says how to provide it. (A damaged converted copy of the default model is
+        rebuilt, with a warning, instead.)
     """
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"name must be a string or a path, got {type(name).__name__}.")
