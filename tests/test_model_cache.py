@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -314,3 +315,40 @@ def test_unreadable_weights_in_a_local_folder_are_a_value_error(tmp_path: Path) 
     with pytest.raises(ValueError, match="A weight file is damaged") as info:
         load_model(folder)
     assert str(folder) in str(info.value)
+
+
+# --- the real default model ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_truncated_real_conversion_is_rebuilt_and_loads_identically(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Convert the real GGUF file into a fresh cache, cut the weights in half, load again."""
+    gguf, _ = ckv_gguf._find_gguf()  # the installed or cached file, as the other slow tests use it
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    shutil.copyfile(gguf, cache / "gguf" / GGUF_NAME)
+    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(cache))
+    monkeypatch.delenv("CRITICALKV_VERIFY_CACHE", raising=False)
+    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
+    ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(ids).logits.clone()
+    first = _snapshot(model)
+    del model
+    size = _weights().stat().st_size
+    with _weights().open("r+b") as handle:
+        handle.truncate(size // 2)
+
+    with caplog.at_level(logging.WARNING, logger="criticalkv"):
+        again, tokenizer_again = load_model(DEFAULT_MODEL, device="cpu")
+
+    assert any("model.safetensors" in r.message and "rebuilding" in r.message for r in caplog.records)
+    assert _weights().stat().st_size == size
+    _same_parameters(first, again)
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, logits, rtol=0, atol=0)
+    assert tokenizer_again("The capital of France is")["input_ids"] == ids[0].tolist()
+    assert _staging_entries(cache) == []
