@@ -1,8 +1,9 @@
 """The converted default model in the cache: checked on every load, rebuilt when damaged.
 
-Each load checks the folder cheaply: the source record parses, every JSON file parses, every
-safetensors file is as long as its header says, and every file has the size recorded when it
-was written. A file's sha256 is computed only when its modification time differs from the
+Each load checks the folder cheaply: the source record parses, every file it lists has the size
+recorded when it was written, and every safetensors file is as long as its header says (a
+folder converted by an older version, whose record lists no files, has every JSON file parsed
+instead, and then gets its files recorded). A file's sha256 is computed only when its modification time differs from the
 recorded one, when the environment variable :data:`VERIFY_ENV` is set (``1``), or when loading
 the folder failed. A damaged folder is moved into a staging folder and rebuilt from the GGUF
 file, with a warning naming what was wrong; all of that under the cache's build lock, so two
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.models.default_model import _SOURCE_FILE, _convert_default_model, _file_records, _write_source
-from criticalkv.models.integrity import _folder_problems, _record_problems
+from criticalkv.models.integrity import _folder_problems, _record_problems, _safetensors_problem
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME, default_model_dir
 from criticalkv.models.staging import _build_lock, _clean_stale, _staging
 
@@ -73,14 +74,16 @@ def _converted_problems(folder: Path, *, full: bool) -> list[str]:
     source = _read_source(folder / _SOURCE_FILE)
     if source is None:
         return [f"{_SOURCE_FILE} is missing or unreadable (an incomplete or damaged conversion)"]
-    problems = _folder_problems(folder)
     files = source.get("files")
     if not isinstance(files, dict):  # converted by a version that recorded no sizes or checksums
+        problems = _folder_problems(folder)
         if not problems:
             _try_write_source(folder, {**source, "files": _file_records(folder)}, "recorded sizes and checksums")
         return problems
-    found, rehashed = _record_problems(folder, files, full=full)
-    problems += found
+    problems, rehashed = _record_problems(folder, files, full=full)
+    if not problems:  # the record vouches for the JSON files; the weights' header is cheap to check too
+        found = (_safetensors_problem(path) for path in sorted(folder.glob("*.safetensors")))
+        problems = [problem for problem in found if problem is not None]
     if not problems and rehashed:  # copied or touched, contents intact: record the new times
         _try_write_source(folder, {**source, "files": _file_records(folder)}, "files were intact, times updated")
     return problems
