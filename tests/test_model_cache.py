@@ -290,9 +290,11 @@ def test_a_damaged_local_folder_names_the_file(tmp_path: Path, damage: str, name
         weights.write_bytes((10**9).to_bytes(8, "little") + weights.read_bytes()[8:])
     elif damage == "config":
         (folder / "config.json").write_text((folder / "config.json").read_text()[:40])
-    else:
-        index = {"metadata": {}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:  # a sharded checkpoint with its second shard missing
+        weights.rename(folder / "model-00001-of-00002.safetensors")
+        shards = {"model.norm.weight": "model-00001-of-00002.safetensors"}
+        shards["lm_head.weight"] = "model-00002-of-00002.safetensors"
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shards}))
     with pytest.raises(ValueError, match="is damaged") as info:
         load_model(folder)
     assert named in str(info.value)

@@ -86,8 +86,10 @@ def _folder_problems(folder: Path) -> list[str]:
         problem = _json_problem(path)
         if problem is not None:
             problems.append(problem)
-        elif path.name.endswith(".index.json"):
-            problems += _index_problems(path)
+        elif path.name.endswith(".safetensors.index.json"):
+            single = path.with_name(path.name[: -len(".index.json")])  # loaders prefer it when present
+            if not single.is_file():
+                problems += _index_problems(path)
     for path in sorted(folder.glob("*.safetensors")):
         problem = _safetensors_problem(path)
         if problem is not None:
