@@ -20,7 +20,7 @@ from typing import Any
 
 from criticalkv.models.default_model import _SOURCE_FILE, _convert_default_model, _file_records, _write_source
 from criticalkv.models.integrity import _folder_problems, _record_problems, _safetensors_problem
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME, default_model_dir
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME, cache_dir, default_model_dir
 from criticalkv.models.staging import _build_lock, _clean_stale, _staging
 
 logger = logging.getLogger(__name__)
@@ -120,17 +120,24 @@ def _ensure_default_model(*, full: bool | None = None) -> Path:
     present = target.exists() or target.is_symlink()
     if present and not _converted_problems(target, full=full):
         return target
-    with _build_lock(_DEFAULT_MODEL_NAME):
-        if target.exists() or target.is_symlink():
-            problems = _converted_problems(target, full=full)  # another process may have rebuilt it meanwhile
-            if not problems:
-                return target
-            logger.warning(
-                "the converted default model in %s is damaged (%s); rebuilding it from the GGUF file",
-                target, "; ".join(problems),
-            )  # fmt: skip
-            _discard(target)
-        _convert_default_model(target)
+    try:
+        with _build_lock(_DEFAULT_MODEL_NAME):
+            if target.exists() or target.is_symlink():
+                problems = _converted_problems(target, full=full)  # another process may have rebuilt it meanwhile
+                if not problems:
+                    return target
+                logger.warning(
+                    "the converted default model in %s is damaged (%s); rebuilding it from the GGUF file",
+                    target, "; ".join(problems),
+                )  # fmt: skip
+                _discard(target)
+            _convert_default_model(target)
+    except OSError as error:  # a full disk, a read-only cache: nothing half-written is left
+        raise RuntimeError(
+            f"could not write the default model into the cache folder {cache_dir()} ({error}). Free some space "
+            "there (the conversion needs about 700 MB) or set CRITICALKV_CACHE_DIR to a writable folder, then "
+            "load it again."
+        ) from error
     return target
 
 
