@@ -121,6 +121,9 @@ def _record_problems(folder: Path, files: dict[str, dict[str, Any]], *, full: bo
     rehashed = False
     for name, record in sorted(files.items()):
         path = folder / name
+        if not isinstance(record, dict):
+            problems.append(f"the record of {name} is unreadable")
+            continue
         if not path.is_file():
             problems.append(f"{name} is missing")
             continue
