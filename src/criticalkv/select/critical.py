@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from criticalkv.needs import Needs
-from criticalkv.scores.value_norms import NORM_PRECISIONS, norm_dtype, projected_value_norms
+from criticalkv.scores.value_norms import NORM_PRECISIONS, norm_dtype, norms_memo_key, projected_value_norms
 from criticalkv.select.base import Selector
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
@@ -53,7 +53,7 @@ class Critical(Selector):
         weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
         dtype = norm_dtype(self.precision, state.values)
         return state.remember(
-            ("value_norms", self.p, dtype),
+            norms_memo_key(self.p, dtype),
             lambda: projected_value_norms(state.values, weight, p=self.p, precision=str(dtype).removeprefix("torch.")),
         )
 
