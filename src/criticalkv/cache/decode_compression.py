@@ -9,9 +9,10 @@ however long the output, and each re-selection costs about what one prefill sele
 code as for the prompt: this is a layer on the cache (when it re-selects), not a special case.
 
 Bookkeeping per layer: the last ``window`` queries; with a selection that reads value norms
-(CriticalKV, DefensiveKV), ``||V W_O||`` of every held entry, computed once, when the entry is
-appended; the held count per row, tracked on the host so a step that does not re-select costs no
-device synchronisation.
+(CriticalKV, DefensiveKV), ``||V W_O||`` of every held entry, computed once per entry (the prompt's
+in the prefill; an appended entry's at the first re-selection it takes part in, for the whole
+tail in one product) and kept beside it, never recomputed; the held count per row, tracked on the
+host so a step that does not re-select costs no device synchronisation.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.reselect import kept_in_order, reselect
+from criticalkv.cache.reselect import kept_in_order, reselect, tail_entries
 from criticalkv.methods import Method
 from criticalkv.scores.value_norms import norm_dtype, norms_memo_key, projected_value_norms
 from criticalkv.state import LayerState
@@ -73,7 +74,6 @@ class LayerDecode:
     prefix_norms: torch.Tensor | None  # (S, L) value norms of the prefix entries, segment order
     prefix_avg: list[float]  # prefix entries per KV head on average
     threshold: list[float]  # re-select once the held average exceeds this
-    tail_norms: list[torch.Tensor] = field(default_factory=list)  # each (S, q)
     tail_valid: list[torch.Tensor] = field(default_factory=list)  # each (B, q) bool
     tail_counts: list[int] = field(default_factory=list)  # real tail entries per row
 
@@ -151,8 +151,6 @@ class DecodeCompression:
         track.tail_valid.append(torch.ones(b, q, dtype=torch.bool, device=query.device) if valid is None else valid)
         counts = [q] * b if valid is None else valid.sum(-1).tolist()
         track.tail_counts = [c + n for c, n in zip(track.tail_counts, counts, strict=True)]
-        if self.norm_p is not None:
-            track.tail_norms.append(self._norms(values, module).reshape(b * values.shape[1], q))
         self._account(layer)
         over = any(a + c > t for a, c, t in zip(track.prefix_avg, track.tail_counts, track.threshold, strict=True))
         if over:
@@ -162,8 +160,10 @@ class DecodeCompression:
     def _reselect(self, layer: CompressedLayer, track: LayerDecode) -> None:
         started = time.perf_counter()
         norms = None
-        if track.prefix_norms is not None:
-            norms = torch.cat([track.prefix_norms, *track.tail_norms], dim=1)
+        if track.prefix_norms is not None:  # the tail's norms, each entry's computed now and only now
+            tail_values = tail_entries(layer)[1].view(layer.batch_size, layer.num_kv_heads, -1, layer.head_dim)
+            tail_norms = self._norms(tail_values, track.module).flatten(0, 1)
+            norms = torch.cat([track.prefix_norms, tail_norms], dim=1)
         result = reselect(
             layer,
             self.method,
@@ -181,7 +181,7 @@ class DecodeCompression:
         track.prefix_avg = layer.prefix.lengths.view(layer.batch_size, -1).double().mean(-1).tolist()
         # each layer is held to what the budget rule gave it (layer-varying rules: its own share)
         track.threshold = [a + self.interval for a in track.prefix_avg]
-        track.tail_norms, track.tail_valid = [], []
+        track.tail_valid = []
         track.tail_counts = [0] * layer.batch_size
         self.reselections += 1
         self.seconds += time.perf_counter() - started
@@ -230,7 +230,7 @@ class DecodeCompression:
         clone = DecodeCompression(self.method, self.budget, self.interval, self.window, self.num_layers)
         for idx, track in self.layers.items():
             # tensors are replaced, never written in place, so sharing them is safe
-            clone.layers[idx] = replace(track, tail_norms=[], tail_valid=[], tail_counts=[0] * len(track.tail_counts))
+            clone.layers[idx] = replace(track, tail_valid=[], tail_counts=[0] * len(track.tail_counts))
         clone._bytes, clone._total = dict(self._bytes), self._total
         return clone
 

@@ -52,17 +52,24 @@ def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, values
 
 
+def tail_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S, t, d) keys and values of every segment's tail, original segment order."""
+    assert layer.prefix is not None
+    t = layer.tail_len
+    if not t or layer.tail_keys is None or layer.tail_values is None:
+        empty = torch.zeros(layer.batch_size * layer.num_kv_heads, 0, layer.head_dim, dtype=layer.dtype)
+        return empty.to(layer.device), empty.to(layer.device)
+    tail_k, tail_v = layer.tail_keys[:, :t], layer.tail_values[:, :t]
+    if not layer.prefix.identity:
+        tail_k, tail_v = tail_k[layer.prefix.inv_perm], tail_v[layer.prefix.inv_perm]
+    return tail_k, tail_v
+
+
 def physical_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(S, L + t, d) keys and values of every segment (prefix, then tail) and the prefix width L."""
     keys, values = _dense_prefix(layer)
-    width, t = int(keys.shape[1]), layer.tail_len
-    if t and layer.tail_keys is not None and layer.tail_values is not None:
-        tail_k, tail_v = layer.tail_keys[:, :t], layer.tail_values[:, :t]
-        assert layer.prefix is not None
-        if not layer.prefix.identity:
-            tail_k, tail_v = tail_k[layer.prefix.inv_perm], tail_v[layer.prefix.inv_perm]
-        keys, values = torch.cat([keys, tail_k], dim=1), torch.cat([values, tail_v], dim=1)
-    return keys, values, width
+    tail_k, tail_v = tail_entries(layer)
+    return torch.cat([keys, tail_k], dim=1), torch.cat([values, tail_v], dim=1), int(keys.shape[1])
 
 
 def union_layout(layer: CompressedLayer, tail_valid: torch.Tensor, width: int) -> UnionLayout:
