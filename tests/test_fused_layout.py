@@ -55,7 +55,7 @@ def test_a_fork_shares_the_prefix_and_appends_to_its_own_tail(tiny_llama: PreTra
     clone = cache.fork()
     before = [layer.tail_keys[:, : layer.tail_len].clone() for layer in cache.compressed_layers]  # type: ignore[index]
     ids = torch.tensor([[5], [6]])
-    mask = torch.ones(2, cache.get_seq_length() + 1, dtype=torch.long)
+    mask = torch.ones(2, clone.get_seq_length() + 1, dtype=torch.long)  # the fork holds the prompt, not the tail
     tiny_llama(input_ids=ids, attention_mask=mask, **cache_argument(tiny_llama, clone))
     for mine, theirs, old in zip(cache.compressed_layers, clone.compressed_layers, before, strict=True):
         assert theirs.fused is None and theirs.tail_len == 1

@@ -18,12 +18,13 @@ from tests.conftest import make_tiny
 def test_every_registered_method_declares_what_it_needs() -> None:
     needs = {name: ckv.get_method(name).needs for name in ckv.available_methods()}
     assert needs["full"] == NOTHING and needs["snapkv"] == NOTHING
-    assert needs["h2o"].queries == ALL_QUERIES
+    assert needs["h2o"].queries == ALL_QUERIES and needs["h2o"].prefill_only
     assert needs["critical-adakv"] == Needs(value_norms=True)
     assert needs["headkv"] == Needs(head_scores=True)
     assert needs["critical-headkv"] == Needs(head_scores=True, value_norms=True)
     assert needs["defensivekv"] == Needs(ranks=True, value_norms=True)
-    assert needs["layer-defensivekv"] == Needs(cross_layer=True, ranks=True, value_norms=True)
+    assert needs["layer-defensivekv"] == Needs(cross_layer=True, ranks=True, value_norms=True, prefill_only=True)
+    assert needs["expected-attention"].queries == ALL_QUERIES and needs["expected-attention"].prefill_only
 
 
 def test_needs_merge_takes_the_larger_requirement() -> None:

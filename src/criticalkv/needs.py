@@ -54,6 +54,10 @@ class Needs:
         budgets are allocated on its ranking instead of the raw scores (DefensiveKV).
     value_norms : the selection reads ``||V W_O||`` (the attention module's output projection);
         its ``precision`` option sets the dtype of that product.
+    prefill_only : the part can only score a prompt's prefill state, not a cache re-selected while
+        decoding (decode-time compression keeps the last ``window`` queries of the decode steps
+        and compresses one layer at a time): e.g. scores over every prompt query (H2O) or budgets
+        over all layers jointly. A decode budget with such a method is refused up front.
     """
 
     queries: QueriesNeeded = None
@@ -61,6 +65,7 @@ class Needs:
     head_scores: bool = False
     ranks: bool = False
     value_norms: bool = False
+    prefill_only: bool = False
 
     def __post_init__(self) -> None:
         check_queries_needed(self.queries)
@@ -73,6 +78,7 @@ class Needs:
             head_scores=self.head_scores or other.head_scores,
             ranks=self.ranks or other.ranks,
             value_norms=self.value_norms or other.value_norms,
+            prefill_only=self.prefill_only or other.prefill_only,
         )
 
 

@@ -26,6 +26,9 @@ class LayerState:
     layer_idx, num_layers : position of the layer in the model.
     memo : derived tensors (value norms, window attention) computed once per state and reused
         when one prefill is compressed many ways; keys name everything they depend on.
+    present : (B, H_kv, T) bool, or ``None`` (every valid entry). A state rebuilt from an already
+        compressed cache (decode-time compression) lines up the positions any head of a row still
+        holds; ``present`` says which of them each KV head holds. Scores mask the others like padding.
     """
 
     queries: torch.Tensor
@@ -37,6 +40,7 @@ class LayerState:
     layer_idx: int
     num_layers: int
     memo: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    present: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def remember(self, key: Any, compute: Any) -> torch.Tensor:
         """``memo[key]``, computed by ``compute()`` the first time."""
@@ -78,6 +82,12 @@ class LayerState:
         return self.valid.sum(-1)
 
     @property
+    def held(self) -> torch.Tensor:
+        """(B, 1, T) bool, or (B, H_kv, T) with ``present``: the entries a head holds (real tokens)."""
+        real = self.valid[:, None, :]
+        return real if self.present is None else real & self.present
+
+    @property
     def window_mask(self) -> torch.Tensor:
         """(B, 1, T) bool, ``True`` on the observation window (the last ``window`` columns)."""
         mask = torch.zeros(self.batch_size, 1, self.seq_len, dtype=torch.bool, device=self.keys.device)
@@ -87,5 +97,5 @@ class LayerState:
     @property
     def eligible(self) -> torch.Tensor:
         """(B, H_kv, T) bool: entries a selection may choose (real tokens outside the window)."""
-        mask = self.valid[:, None, :] & ~self.window_mask
+        mask = self.held & ~self.window_mask
         return mask.expand(-1, self.num_kv_heads, -1)

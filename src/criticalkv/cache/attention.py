@@ -57,7 +57,11 @@ def criticalkv_attention(
         )
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     if isinstance(layer, CompressedLayer) and layer.prefix is not None:
-        return layer.attend(query, attention_mask, scale), None
+        out = layer.attend(query, attention_mask, scale)
+        if layer.on_attend is not None:  # the cache may re-select now that this step attended
+            with torch.no_grad():
+                layer.on_attend(layer, query, value, attention_mask, module)
+        return out, None
     out, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

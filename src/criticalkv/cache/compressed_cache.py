@@ -12,9 +12,10 @@ import torch
 from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
+from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, DecodeCompression
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
-from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill
+from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
@@ -24,11 +25,6 @@ from criticalkv.state import LayerState
 __all__ = ["DEFAULT_WINDOW", "CompressedCache", "check_window", "state_from_prefill"]
 
 logger = logging.getLogger(__name__)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class CompressedCache(Cache):
@@ -44,6 +40,9 @@ class CompressedCache(Cache):
     method : a registered name (see :func:`criticalkv.available_methods`) or a :class:`Method`.
     budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
     window : the observation window (its entries are always kept).
+    decode_budget : entries per KV head the cache is held to while it decodes (``None``: the
+        generated tokens are all kept); see :class:`~criticalkv.cache.decode_compression.DecodeCompression`.
+    decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
@@ -74,6 +73,8 @@ class CompressedCache(Cache):
         method: str | Method = "critical-adakv",
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
+        decode_budget: int | None = None,
+        decode_interval: int = DEFAULT_INTERVAL,
     ) -> None:
         self.method = get_method(method)
         if not self.method.bound:
@@ -98,6 +99,10 @@ class CompressedCache(Cache):
         self.synchronize_timing = False
         layers = [CompressedLayer(i, on_prefill=self._compress_layer) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
+        self.decode: DecodeCompression | None = None  # the decode budget, if any
+        if decode_budget is not None:
+            self.decode = DecodeCompression(self.method, decode_budget, decode_interval, self.window, num_layers)
+            self.decode.install(self.compressed_layers)
 
     @classmethod
     def for_model(
@@ -175,11 +180,11 @@ class CompressedCache(Cache):
 
     def _compress_state(self, layer: CompressedLayer, state: LayerState) -> None:
         if self.synchronize_timing:
-            _synchronize(state.keys.device)
+            synchronize(state.keys.device)
         started = time.perf_counter()
         self._select_and_store(layer, state)
         if self.synchronize_timing:
-            _synchronize(state.keys.device)
+            synchronize(state.keys.device)
         self.compress_seconds += time.perf_counter() - started
 
     def _select_and_store(self, layer: CompressedLayer, state: LayerState) -> None:
@@ -193,6 +198,8 @@ class CompressedCache(Cache):
             return
         keep = self.method.keep_mask(state, self._budget_tokens)
         layer.set_prefix(state.keys, state.values, keep)
+        if self.decode is not None:
+            self.decode.after_prefill(layer, state)
 
     def _compress_jointly(self) -> None:
         """Select over every deferred layer at once (cross-layer budgets), then store each layer."""
@@ -211,6 +218,9 @@ class CompressedCache(Cache):
         Use it to ask several questions of one compressed context (question-agnostic mode).
         """
         clone = CompressedCache(self.num_layers, self.method, self.budget, self.window)
+        if self.decode is not None:  # its own decode budget: the two decode independently
+            clone.decode = self.decode.fork()
+            clone.decode.install(clone.compressed_layers)
         clone.real_prompt_tokens = self.real_prompt_tokens
         clone._budget_tokens = self._budget_tokens
         clone.tokens = self.tokens.head(self.compressed_layers[0].prefix_len)
@@ -257,6 +267,10 @@ class CompressedCache(Cache):
         """Bytes the cache's keys and values occupy now (tail capacity included)."""
         return sum(layer.nbytes() for layer in self.compressed_layers)
 
+    def kv_bytes_peak(self) -> int:
+        """The most bytes the cache held so far (under a decode budget, just before a re-selection)."""
+        return max(self.kv_bytes(), 0 if self.decode is None else self.decode.peak_bytes)
+
     def kv_bytes_full(self) -> int:
         """Bytes an uncompressed cache would hold for the same real tokens."""
         total = 0
@@ -264,7 +278,8 @@ class CompressedCache(Cache):
             if layer.prefix is None or self.real_prompt_tokens is None:
                 continue
             per_token = 2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
-            tokens = int(self.real_prompt_tokens.sum()) + layer.batch_size * layer.tail_len
+            appended = layer.tail_len if self.decode is None else self.decode.appended(layer)
+            tokens = int(self.real_prompt_tokens.sum()) + layer.batch_size * appended
             total += tokens * per_token
         return total
 

@@ -18,6 +18,8 @@ from criticalkv.cache.tiers import RaggedPrefix, Tier, build_prefix
 MIN_GROWTH = 64
 
 PrefillHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
+#: (layer, queries, appended values, 4D mask, attention module), after each attention over the layer
+AttendHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor | None, Any], None]
 
 
 class CompressedLayer(CacheLayerMixin):
@@ -37,6 +39,7 @@ class CompressedLayer(CacheLayerMixin):
         super().__init__()
         self.layer_idx = layer_idx
         self.on_prefill = on_prefill
+        self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode_compression.py)
         self.prefix: RaggedPrefix | None = None
         self.keep: torch.Tensor | None = None
         self.prefix_len = 0

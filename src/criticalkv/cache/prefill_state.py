@@ -1,4 +1,4 @@
-"""The layer state a prefill hands to a method, and the observation window's check."""
+"""The layer state a prefill hands to a method, the observation window's check, and device synchronisation."""
 
 from __future__ import annotations
 
@@ -51,3 +51,8 @@ def state_from_prefill(
         layer_idx=layer_idx,
         num_layers=num_layers,
     )
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -25,6 +25,11 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--mode", choices=MODES, default="question-aware")
     gen.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
     gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--min-new-tokens", type=int, default=None, help="at least M new tokens (EOS ignored before)")
+    gen.add_argument(
+        "--decode-budget", type=int, default=None, help="hold the cache at N entries per KV head while generating"
+    )
+    gen.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_scores_argument(gen)
@@ -39,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--question is empty")
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
+    extra: dict[str, int] = {}
+    if args.min_new_tokens is not None:
+        if not 0 <= args.min_new_tokens <= args.max_new_tokens:
+            raise UsageError("--min-new-tokens must be between 0 and --max-new-tokens")
+        extra["min_new_tokens"] = args.min_new_tokens
+    if args.decode_budget is not None:
+        _check_decode(args)
     from criticalkv.models import load_model
     from criticalkv.runtime import generate
 
@@ -57,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         head_scores=head_scores,
+        decode_budget=args.decode_budget,
+        decode_interval=args.decode_interval,
+        **extra,
     )
     record = {
         "answer": result.answers[0],
@@ -71,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         "kv_bytes": result.kv_bytes,
         "kv_bytes_full": result.kv_bytes_full,
         "kv_ratio": result.kv_bytes / result.kv_bytes_full if result.kv_bytes_full else None,
+        "kv_bytes_peak": result.kv_bytes_peak,
+        "kv_bytes_final": result.kv_bytes_final,
+        "decode_budget": result.decode_budget,
+        "decode_interval": result.decode_interval,
         "ttft_s": result.ttft_s,
         "total_s": result.total_s,
         "load_s": load_s,
@@ -86,3 +105,17 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _check_decode(args: argparse.Namespace) -> None:
+    """The decode budget's errors before the model loads (the library checks the same again)."""
+    from criticalkv.cache.decode_compression import check_decode_budget
+    from criticalkv.methods import get_method
+    from criticalkv.runtime import DEFAULT_WINDOWS
+
+    window = DEFAULT_WINDOWS[args.mode] if args.window is None else args.window
+    try:
+        check_decode_budget(get_method(args.method), window, args.decode_budget, args.decode_interval)
+    except ValueError as err:
+        flag = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
+        raise UsageError(flag) from None

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
+from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.compat import cache_argument
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.prompts import encode_pair, left_pad
@@ -50,6 +51,11 @@ class GenerationResult:
     ttft_s: float
     total_s: float
     new_tokens: list[int] = field(default_factory=list)
+    #: the most the cache held at any step, and what it held at the end (tail capacity included)
+    kv_bytes_peak: int = 0
+    kv_bytes_final: int = 0
+    decode_budget: int | None = None
+    decode_interval: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +105,8 @@ def generate(
     max_new_tokens: int = 32,
     chat: bool = True,
     head_scores: HeadScoresArg = None,
+    decode_budget: int | None = None,
+    decode_interval: int = DEFAULT_INTERVAL,
     **generate_kwargs: Any,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with a compressed KV cache.
@@ -111,6 +119,10 @@ def generate(
     :class:`~criticalkv.headscores.HeadScores`) is bound for head-prior methods such as ``headkv``
     instead of the model's own. Extra keyword arguments go to ``model.generate`` (greedy by default).
 
+    ``decode_budget`` holds the cache at that many entries per KV head on average while it
+    generates, re-selecting a layer once it grew ``decode_interval`` entries per head beyond it
+    (:mod:`criticalkv.cache.decode_compression`); with ``budget=1.0`` only the decode budget compresses.
+
     Raises
     ------
     ValueError
@@ -122,6 +134,8 @@ def generate(
     window = check_window(DEFAULT_WINDOWS[mode] if window is None else window)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+    if decode_budget is not None:
+        check_decode_budget(method, window, decode_budget, decode_interval)
     contexts, questions = _as_list(context, "context"), _as_list(question, "question")
     if len(contexts) != len(questions):
         raise ValueError(f"got {len(contexts)} contexts but {len(questions)} questions")
@@ -136,7 +150,8 @@ def generate(
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model)
-    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window)
+    decode = {} if decode_budget is None else {"decode_budget": decode_budget, "decode_interval": decode_interval}
+    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode)
     compressed = [c + q for c, q in pairs] if mode == "question-aware" else [c for c, _ in pairs]
     shortest = min(len(s) for s in compressed)
     if shortest < window:
@@ -180,4 +195,8 @@ def generate(
         ttft_s=(clock.first_at - start) if clock.first_at is not None else total,
         total_s=total,
         new_tokens=counts,
+        kv_bytes_peak=cache.kv_bytes_peak(),
+        kv_bytes_final=cache.kv_bytes(),
+        decode_budget=decode_budget,
+        decode_interval=None if decode_budget is None else decode_interval,
     )

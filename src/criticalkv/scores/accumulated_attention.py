@@ -30,8 +30,9 @@ class AccumulatedAttention(Scorer):
     """
 
     max_chunk_bytes: int = 1 << 25
-    #: read by the caches: keep every prompt query in the layer state
-    needs: ClassVar[Needs] = Needs(queries=ALL_QUERIES)
+    #: read by the caches: keep every prompt query in the layer state (so no decode-time re-selection,
+    #: which holds only the last ``window`` decode queries)
+    needs: ClassVar[Needs] = Needs(queries=ALL_QUERIES, prefill_only=True)
 
     def __post_init__(self) -> None:
         if (

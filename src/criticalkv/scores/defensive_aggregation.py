@@ -57,7 +57,7 @@ class DefensiveAggregation(Scorer):
         weights = window_attention_rows(state)[..., :body]
         if self.kernel == 1 or body == 0:
             return weights
-        real = state.valid[:, None, None, None, :body]
+        real = state.held[:, :, None, None, :body]
         mass = weights.sum(-1, keepdim=True)  # padding columns hold no attention
         pooled = F.avg_pool1d(weights.reshape(-1, 1, body), self.kernel, stride=1, padding=self.kernel // 2)
         pooled = pooled.view_as(weights) * real  # what spills onto padding is not the row's
@@ -72,7 +72,7 @@ class DefensiveAggregation(Scorer):
         if body == 0:
             return out
         worst = self.per_query_attention(state).amax(dim=(2, 3))  # (B, H_kv, T - w)
-        real = state.valid[:, None, :body]
+        real = state.held[..., :body]
         count = real.sum(-1, keepdim=True).clamp_min(1)
         mean = (worst * real).sum(-1, keepdim=True) / count
         out[..., :body] = torch.maximum(worst, mean)

@@ -50,7 +50,7 @@ class ExpectedAttention(Scorer):
     value_norm: bool = True
     eps: float = 0.0
     #: read by the caches: the statistics are over every prompt query
-    needs: ClassVar[Needs] = Needs(queries=ALL_QUERIES)
+    needs: ClassVar[Needs] = Needs(queries=ALL_QUERIES, prefill_only=True)
 
     def __post_init__(self) -> None:
         for name in ("future", "sinks"):

@@ -42,6 +42,15 @@ def norm_dtype(precision: str, values: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
+def norms_memo_key(p: int, dtype: torch.dtype) -> tuple[str, int, torch.dtype]:
+    """The :attr:`~criticalkv.state.LayerState.memo` key of the ``p``-norms projected in ``dtype``.
+
+    The selections look their norms up there; decode-time compression fills it with norms it
+    computed once per entry, when the entry was appended.
+    """
+    return ("value_norms", p, dtype)
+
+
 def projected_value_norms(
     values: torch.Tensor,
     o_proj_weight: torch.Tensor,

@@ -14,7 +14,8 @@ from criticalkv.state import LayerState
 
 def window_attention_rows(state: LayerState) -> torch.Tensor:
     """(B, H_kv, G, w, T) float32 attention of each window query over every key: causal inside
-    the window (window query ``j`` sits at column ``T - w + j``), padding masked."""
+    the window (window query ``j`` sits at column ``T - w + j``), padding (and entries a head no
+    longer holds, :attr:`LayerState.present`) masked."""
     b, h_kv, t, d = state.keys.shape
     w, g = state.window, state.group_size
     q = state.queries[:, :, -w:, :].reshape(b, h_kv, g * w, d)
@@ -22,7 +23,7 @@ def window_attention_rows(state: LayerState) -> torch.Tensor:
     logits = logits.view(b, h_kv, g, w, t)
     cols = torch.arange(t, device=logits.device)
     rows = torch.arange(t - w, t, device=logits.device)
-    allowed = (cols[None, :] <= rows[:, None])[None, None, None] & state.valid[:, None, None, None, :]
+    allowed = (cols[None, :] <= rows[:, None])[None, None, None] & state.held[:, :, None, None, :]
     return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
 
 

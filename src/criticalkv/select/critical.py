@@ -8,7 +8,13 @@ from typing import ClassVar
 import torch
 
 from criticalkv.needs import Needs
-from criticalkv.scores.value_norms import NORM_PRECISIONS, gram_value_norms, norm_dtype, projected_value_norms
+from criticalkv.scores.value_norms import (
+    NORM_PRECISIONS,
+    gram_value_norms,
+    norm_dtype,
+    norms_memo_key,
+    projected_value_norms,
+)
 from criticalkv.select.base import Selector
 from criticalkv.select.topk import topk_mask
 from criticalkv.state import LayerState
@@ -63,7 +69,7 @@ class Critical(Selector):
                 ("value_norms_gram", dtype), lambda: gram_value_norms(state.values, weight, precision=precision)
             )
         return state.remember(
-            ("value_norms", self.p, dtype),
+            norms_memo_key(self.p, dtype),
             lambda: projected_value_norms(state.values, weight, p=self.p, precision=precision),
         )
 

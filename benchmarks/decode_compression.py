@@ -1,0 +1,196 @@
+"""Long generation under a decode budget: memory, decode time and fidelity per position bucket.
+
+The full cache generates greedily (EOS ignored) from a natural-text prompt; every compressed cache
+is fed the same tokens in lockstep (teacher forcing on the full cache's own continuation), so at
+each step we measure, per cache: the step's wall time, the bytes it holds, and its next-token
+distribution against the full cache's (NLL of the full cache's token, its increase over the full
+cache's NLL, top-1 agreement, KL(full || compressed)). Writes ``steps.jsonl``, ``summary.json``,
+``summary.md`` and ``decode_compression.png`` into ``--out``.
+
+    PYTHONPATH=src python benchmarks/decode_compression.py --out docs/results/decode-compression \
+        --prompt-tokens 1024 --new-tokens 1024 --decode-budget 512 --decode-interval 64 \
+        --methods adakv critical-adakv
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from criticalkv import CompressedCache, attach, load_model
+from criticalkv.compat import cache_argument
+from criticalkv.haystack import essay_sentences
+from criticalkv.plotting import pyplot
+
+
+def prompt_ids(tokenizer: Any, tokens: int) -> torch.Tensor:
+    """The first ``tokens`` tokens of the natural-text haystack (Genesis, KJV)."""
+    text = " ".join(essay_sentences(tokens * 2))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"the haystack gave only {len(ids)} tokens")
+    return torch.tensor([ids])
+
+
+def buckets(new_tokens: int) -> list[tuple[int, int]]:
+    """Position buckets 0-256, 256-512, 512-1K, 1K-2K, 2K-4K, cut at ``new_tokens``."""
+    edges = [0, 256, 512, 1024, 2048, 4096]
+    return [(a, min(b, new_tokens)) for a, b in itertools.pairwise(edges) if a < new_tokens]
+
+
+@torch.no_grad()
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    attach(model)
+    ids = prompt_ids(tokenizer, args.prompt_tokens)
+    mask = torch.ones_like(ids)
+    names = ["full", *args.methods]
+    caches = {"full": CompressedCache.for_model(model, "full", 1.0, window=args.window)}
+    for method in args.methods:
+        caches[method] = CompressedCache.for_model(
+            model,
+            method,
+            args.prefill_budget,
+            window=args.window,
+            decode_budget=args.decode_budget,
+            decode_interval=args.decode_interval,
+        )
+    logits: dict[str, torch.Tensor] = {}
+    for name in names:
+        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, caches[name]), logits_to_keep=1)
+        logits[name] = out.logits[:, -1].float()
+    records = []
+    for step in range(args.new_tokens):
+        ref = torch.log_softmax(logits["full"], dim=-1)
+        token = int(ref.argmax(-1))
+        record: dict[str, Any] = {"position": step, "token": token}
+        for name in names:
+            lp = torch.log_softmax(logits[name], dim=-1)
+            record[f"{name}/nll"] = float(-lp[0, token])
+            record[f"{name}/top1"] = int(lp.argmax(-1)) == token
+            record[f"{name}/kl"] = float((ref.exp() * (ref - lp)).sum())
+            record[f"{name}/kv_bytes"] = caches[name].kv_bytes()
+        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], dim=1)
+        position = torch.tensor([[mask.shape[1] - 1]])
+        nxt = torch.tensor([[token]])
+        for name in names:
+            started = time.perf_counter()
+            cache = cache_argument(model, caches[name])
+            out = model(input_ids=nxt, attention_mask=mask, position_ids=position, **cache)
+            record[f"{name}/ms"] = 1000 * (time.perf_counter() - started)
+            logits[name] = out.logits[:, -1].float()
+            record[f"{name}/kv_bytes_after"] = caches[name].kv_bytes()
+        records.append(record)
+    for name in names:
+        cache = caches[name]
+        decode = cache.decode
+        extra = {"peak": cache.kv_bytes_peak(), "final": cache.kv_bytes()}
+        if decode is not None:
+            extra.update(reselections=decode.reselections, reselect_s=decode.seconds)
+        records.append({"cache": name, **extra})
+    return records
+
+
+def summarise(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    steps = [r for r in records if "position" in r]
+    finals = {r["cache"]: r for r in records if "cache" in r}
+    names = ["full", *args.methods]
+    out: dict[str, Any] = {"config": vars(args), "buckets": [], "caches": {}}
+    for lo, hi in buckets(len(steps)):
+        chunk = steps[lo:hi]
+        row: dict[str, Any] = {"bucket": f"{lo}-{hi}"}
+        for name in names:
+            nll = sum(r[f"{name}/nll"] for r in chunk) / len(chunk)
+            full_nll = sum(r["full/nll"] for r in chunk) / len(chunk)
+            row[name] = {
+                "kv_mib_max": max(max(r[f"{name}/kv_bytes"], r[f"{name}/kv_bytes_after"]) for r in chunk) / 2**20,
+                "ms_per_token": sorted(r[f"{name}/ms"] for r in chunk)[len(chunk) // 2],  # median
+                "nll_increase": nll - full_nll,
+                "top1": sum(r[f"{name}/top1"] for r in chunk) / len(chunk),
+                "kl": sum(r[f"{name}/kl"] for r in chunk) / len(chunk),
+            }
+        out["buckets"].append(row)
+    for name in names:
+        total_ms = sum(r[f"{name}/ms"] for r in steps)
+        info = dict(finals[name])
+        info["decode_s"] = total_ms / 1000
+        if "reselect_s" in info:
+            info["reselect_share"] = info["reselect_s"] / info["decode_s"]
+        out["caches"][name] = info
+    return out
+
+
+def markdown(summary: dict[str, Any], names: list[str]) -> str:
+    lines = ["| bucket | cache | KV MiB (max) | ms/token (median) | NLL increase | top-1 | KL |", "|---" * 7 + "|"]
+    for row in summary["buckets"]:
+        for name in names:
+            m = row[name]
+            lines.append(
+                f"| {row['bucket']} | {name} | {m['kv_mib_max']:.2f} | {m['ms_per_token']:.1f} | "
+                f"{m['nll_increase']:+.4f} | {m['top1']:.3f} | {m['kl']:.4f} |"
+            )
+    lines += ["", "| cache | peak KV MiB | final KV MiB | decode s | re-selections | re-selection s (share) |"]
+    lines.append("|---" * 6 + "|")
+    for name in names:
+        c = summary["caches"][name]
+        share = f"{c['reselect_s']:.2f} ({100 * c['reselect_share']:.1f}%)" if "reselect_s" in c else "-"
+        lines.append(
+            f"| {name} | {c['peak'] / 2**20:.2f} | {c['final'] / 2**20:.2f} | {c['decode_s']:.1f} | "
+            f"{c.get('reselections', '-')} | {share} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict[str, Any]], names: list[str], path: Path, smooth: int = 32) -> None:
+    plt = pyplot()
+    steps = [r for r in records if "position" in r]
+    fig, (ax_ms, ax_mb) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in names:
+        ms = torch.tensor([r[f"{name}/ms"] for r in steps])
+        rolled = ms.unfold(0, smooth, 1).median(-1).values if len(ms) >= smooth else ms
+        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name)
+        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/kv_bytes_after"] / 2**20 for r in steps], label=name)
+    ax_ms.set(xlabel="generated position", ylabel=f"decode ms/token (rolling median of {smooth})")
+    ax_mb.set(xlabel="generated position", ylabel="KV cache MiB")
+    ax_ms.legend()
+    ax_mb.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--methods", nargs="+", default=["adakv", "critical-adakv"])
+    parser.add_argument("--prefill-budget", type=int, default=512, help="entries per head kept of the prompt")
+    parser.add_argument("--decode-budget", type=int, default=512)
+    parser.add_argument("--decode-interval", type=int, default=64)
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny decode ops on a shared CPU)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    records = run(args)
+    with (args.out / "steps.jsonl").open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    summary = summarise(records, args)
+    args.out = str(args.out)
+    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    names = ["full", *args.methods]
+    (Path(args.out) / "summary.md").write_text(markdown(summary, names))
+    plot(records, names, Path(args.out) / "decode_compression.png")
+    print(markdown(summary, names))
+
+
+if __name__ == "__main__":
+    main()
