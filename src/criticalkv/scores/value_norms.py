@@ -51,6 +51,19 @@ def norms_memo_key(p: int, dtype: torch.dtype) -> tuple[str, int, torch.dtype]:
     return ("value_norms", p, dtype)
 
 
+def _projection_shape(values: torch.Tensor, o_proj_weight: torch.Tensor) -> tuple[int, int]:
+    """``(D, G)``: the hidden size and the GQA group size of ``o_proj_weight`` (D, H_q * d) for
+    ``values`` (B, H_kv, T, d); a ``ValueError`` if they do not fit together."""
+    h_kv, d = values.shape[1], values.shape[3]
+    h_q = o_proj_weight.shape[1] // d
+    if h_q * d != o_proj_weight.shape[1] or h_q % h_kv:
+        raise ValueError(
+            f"o_proj weight of shape {tuple(o_proj_weight.shape)} does not match values with "
+            f"{h_kv} KV heads of size {d}"
+        )
+    return int(o_proj_weight.shape[0]), h_q // h_kv
+
+
 def projected_value_norms(
     values: torch.Tensor,
     o_proj_weight: torch.Tensor,
@@ -80,14 +93,7 @@ def projected_value_norms(
     if p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, not {p}")
     b, h_kv, t, d = values.shape
-    hidden = o_proj_weight.shape[0]
-    h_q = o_proj_weight.shape[1] // d
-    if h_q * d != o_proj_weight.shape[1] or h_q % h_kv:
-        raise ValueError(
-            f"o_proj weight of shape {tuple(o_proj_weight.shape)} does not match values with "
-            f"{h_kv} KV heads of size {d}"
-        )
-    g = h_q // h_kv
+    hidden, g = _projection_shape(values, o_proj_weight)
     dtype = norm_dtype(precision, values)
     # (D, H_q*d) -> (H_kv, d, G*D): column block j of head group k is W_O^{k*G + j}
     w_o = o_proj_weight.to(dtype).view(hidden, h_kv, g, d).permute(1, 3, 2, 0).reshape(h_kv, d, g * hidden)
@@ -117,14 +123,7 @@ def gram_value_norms(values: torch.Tensor, o_proj_weight: torch.Tensor, *, preci
     ``values`` (B, H_kv, T, d), ``o_proj_weight`` (D, H_q * d); returns (B, H_kv, T) float32.
     """
     b, h_kv, t, d = values.shape
-    hidden = o_proj_weight.shape[0]
-    h_q = o_proj_weight.shape[1] // d
-    if h_q * d != o_proj_weight.shape[1] or h_q % h_kv:
-        raise ValueError(
-            f"o_proj weight of shape {tuple(o_proj_weight.shape)} does not match values with "
-            f"{h_kv} KV heads of size {d}"
-        )
-    g = h_q // h_kv
+    hidden, g = _projection_shape(values, o_proj_weight)
     dtype = norm_dtype(precision, values)
     blocks = o_proj_weight.float().view(hidden, h_kv, g, d).permute(1, 2, 3, 0)  # (H_kv, G, d, D) = W_O^h
     gram = (blocks @ blocks.transpose(-1, -2)).to(dtype)  # (H_kv, G, d, d), built in float32
