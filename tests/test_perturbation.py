@@ -472,3 +472,13 @@ def test_command_on_the_default_model(tmp_path: Path) -> None:
         assert row["bound_violations"] == 0
     assert rows[3]["kept"] == rows[2]["kept"]
     assert "heads lowered" in (out / "summary.md").read_text()
+
+
+def test_a_perturbation_folder_has_one_writer(tmp_path: Path) -> None:
+    from criticalkv.analysis.runner import RunSpec, run_perturbation
+    from criticalkv.runs import FolderBusy, writer_lock
+
+    out = tmp_path / "perturbation"
+    with writer_lock(out), pytest.raises(FolderBusy, match=f"is writing to {out}"):
+        run_perturbation(None, None, RunSpec(model="tiny", length=2048, window=8), out, samples=1, wait=0)
+    assert not (out / "config.json").exists()  # refused before anything was written

@@ -45,6 +45,7 @@ from criticalkv.analysis.perturbation import DEFAULT_CHUNK_BYTES
 from criticalkv.analysis.spec import RunSpec
 from criticalkv.analysis.store import RESULTS_FILE, ResultsLog, check_run_config
 from criticalkv.budgets.resolve import Budget
+from criticalkv.runs import DEFAULT_WAIT, writer_lock
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +87,14 @@ def run_perturbation(
     command: str | None = None,
     progress: bool = True,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    wait: float = DEFAULT_WAIT,
 ) -> RunOutcome:
     """Measure ``samples`` needle samples for each base method and its Critical variant.
 
     Rows go to ``out_dir/results.jsonl`` as each sample finishes; rows already there are
     skipped (a sample whose rows are all done costs nothing). ``out_dir/config.json`` records
     ``spec``, the provenance and ``command``; an existing folder must have the same ``spec``.
+    One process writes to a folder at a time: a second waits briefly, then refuses with a sentence.
 
     Parameters
     ----------
@@ -104,6 +107,7 @@ def run_perturbation(
     command : the command line, recorded in the config file.
     progress : show a progress bar.
     max_chunk_bytes : bound on the large temporaries of the per-layer computation.
+    wait : seconds to wait for another process writing to ``out_dir`` before refusing.
 
     Returns
     -------
@@ -114,25 +118,26 @@ def run_perturbation(
     configs = comparison_configs(bases, budgets)
     check_budgets([c.budget for c in configs], spec.length, spec.window)
     out_dir = Path(out_dir)
-    check_run_config(out_dir, spec.to_dict(), command)
-    log = ResultsLog(out_dir / RESULTS_FILE)
-    done = log.done()
-    todo = [[c for c in configs if (i, *c.key) not in done] for i in range(samples)]
-    missing = sum(len(t) for t in todo)
-    skipped = samples * len(configs) - missing
-    if skipped:
-        logger.info("%d of %d rows are already in %s; skipping them", skipped, samples * len(configs), log.path)
-    bar = tqdm(total=missing, desc="perturbation", unit="row", disable=not progress)
-    measured = 0
-    try:
-        for index, pending in enumerate(todo):
-            if not pending:
-                continue
-            bar.set_postfix(sample=index)
-            rows = measure_sample(model, tokenizer, index, spec, pending, max_chunk_bytes=max_chunk_bytes)
-            log.append(rows)
-            measured += len(rows)
-            bar.update(len(rows))
-    finally:
-        bar.close()
-    return RunOutcome(measured=measured, skipped=skipped, results=log.path)
+    with writer_lock(out_dir, wait):  # one writer per folder, as for eval (criticalkv.runs.writer_lock)
+        check_run_config(out_dir, spec.to_dict(), command)
+        log = ResultsLog(out_dir / RESULTS_FILE)
+        done = log.done()
+        todo = [[c for c in configs if (i, *c.key) not in done] for i in range(samples)]
+        missing = sum(len(t) for t in todo)
+        skipped = samples * len(configs) - missing
+        if skipped:
+            logger.info("%d of %d rows are already in %s; skipping them", skipped, samples * len(configs), log.path)
+        bar = tqdm(total=missing, desc="perturbation", unit="row", disable=not progress)
+        measured = 0
+        try:
+            for index, pending in enumerate(todo):
+                if not pending:
+                    continue
+                bar.set_postfix(sample=index)
+                rows = measure_sample(model, tokenizer, index, spec, pending, max_chunk_bytes=max_chunk_bytes)
+                log.append(rows)
+                measured += len(rows)
+                bar.update(len(rows))
+        finally:
+            bar.close()
+        return RunOutcome(measured=measured, skipped=skipped, results=log.path)
