@@ -1,6 +1,6 @@
 """The performance study behind docs/results/performance.md, in one process.
 
-Three grids into one folder (records.jsonl accumulates; an interrupted run resumes):
+Five grids into one folder (records.jsonl accumulates; an interrupted run resumes):
 
 1. every context length (1K-8K) at budget 0.2, batch 1: full cache, our methods, kvpress's;
 2. 4K at budgets 0.1 and 0.4, batch 1 (the budget axis);

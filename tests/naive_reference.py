@@ -1,4 +1,4 @@
-"""Loop-based references of CriticalKV's parts, read directly off ALGORITHM.md.
+"""Loop-based references of CriticalKV's parts, read directly off the paper's Algorithm 2 (arXiv 2502.03805).
 
 Everything here is written the slow way (Python loops over rows, heads and positions, float64)
 so that it shares no code with the library: window attention, pooling, projected value norms,

@@ -1,4 +1,4 @@
-"""CriticalKV against a direct, loop-based reading of ALGORITHM.md (``tests/naive_reference.py``).
+"""CriticalKV against a direct, loop-based reading of the paper's Algorithm 2 (``tests/naive_reference.py``).
 
 The library runs on ``--device`` (tests/conftest.py); the references always run on the CPU in
 float64, and the comparisons happen there.
