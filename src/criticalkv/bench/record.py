@@ -20,7 +20,10 @@ class BenchRecord:
     ``prefill_s`` is the prompt's forward pass without the compression (``ttft_s - compress_s``);
     ``kv_bytes`` is what the cache holds right after compression, ``kv_bytes_full`` what the
     full cache holds for the same prompt; ``peak_rss_bytes`` the process's peak resident memory
-    during this measurement (prefill, compression and decode).
+    during this measurement (prefill, compression and decode). ``kv_bytes_peak`` is the most the
+    cache held at any step of the decode (``None`` for kvpress). ``decode_budget`` and
+    ``decode_interval`` are set when the cache was held at a decode budget while decoding
+    (:mod:`criticalkv.cache.decode_compression`); ``decode_reselections`` counts its re-selections.
     """
 
     impl: str
@@ -39,6 +42,10 @@ class BenchRecord:
     peak_rss_bytes: int | None
     peak_device_bytes: int | None
     device: str
+    kv_bytes_peak: int | None = None
+    decode_budget: int | None = None
+    decode_interval: int | None = None
+    decode_reselections: int | None = None
 
     @property
     def kv_ratio(self) -> float:
@@ -62,8 +69,13 @@ def measured(
     decode_tokens: int,
     kv_bytes: int,
     kv_bytes_full: int,
+    kv_bytes_peak: int | None = None,
+    decode: tuple[int, int, int] | None = None,
 ) -> BenchRecord:
-    """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now)."""
+    """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now).
+
+    ``decode``: (decode budget, interval, re-selections done) of a cache held at a decode budget.
+    """
     batch, length = ids.shape
     return BenchRecord(
         impl=impl,
@@ -82,4 +94,8 @@ def measured(
         peak_rss_bytes=peak_rss_bytes(),
         peak_device_bytes=peak_device_bytes(ids.device),
         device=str(ids.device),
+        kv_bytes_peak=kv_bytes_peak,
+        decode_budget=None if decode is None else decode[0],
+        decode_interval=None if decode is None else decode[1],
+        decode_reselections=None if decode is None else decode[2],
     )

@@ -13,7 +13,13 @@ MB = 1e6
 
 def _key(r: dict[str, Any], **changes: Any) -> tuple[Any, ...]:
     d = {**r, **changes}
-    return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"])
+    return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"], d.get("decode_budget"))
+
+
+def method_label(r: dict[str, Any]) -> str:
+    """The method's name, with its decode budget (``snapkv+d512``) when it decoded under one."""
+    decode = r.get("decode_budget")
+    return r["method"] if decode is None else f"{r['method']}+d{decode}"
 
 
 def base_method(method: str) -> str | None:
@@ -29,7 +35,7 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in records:
         row = dict(r)
-        full = index.get(("criticalkv", "full", r["context_tokens"], 1.0, r["batch_size"]))
+        full = index.get(("criticalkv", "full", r["context_tokens"], 1.0, r["batch_size"], None))
         row["decode_speedup_vs_full"] = (
             full["decode_ms_per_token"] / r["decode_ms_per_token"] if full and r["decode_ms_per_token"] else None
         )
@@ -57,24 +63,26 @@ def _ratio(value: float | None) -> str:
 def format_table(records: Sequence[dict[str, Any]]) -> str:
     """A fixed-width table, one line per record."""
     header = (
-        f"{'impl':<10} {'method':<16} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
+        f"{'impl':<10} {'method':<20} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
         f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} "
-        f"{'KV MB':>7} {'KV ratio':>8} {'peak MB':>8}"
+        f"{'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in derived(records):
         overhead = r["critical_overhead"]
-        rss = r.get("peak_rss_bytes")
+        rss, kv_peak = r.get("peak_rss_bytes"), r.get("kv_bytes_peak")
+        peak_mb = "-" if kv_peak is None else f"{kv_peak / MB:.2f}"
         share = "-" if overhead is None else f"{100 * overhead:.2f}%"
         vs_full = _ratio(r["decode_speedup_vs_full"])
         vs_kvpress = _ratio(r["decode_speedup_vs_kvpress"])
         lines.append(
-            f"{r['impl']:<10} {r['method']:<16} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
+            f"{r['impl']:<10} {method_label(r):<20} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
             f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} "
             f"{share:>8} "
             f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
             f"{vs_full:>7} {vs_kvpress:>6} "
-            f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {_fmt(None if rss is None else rss / MB, '>8.0f')}"
+            f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {peak_mb:>7} "
+            f"{_fmt(None if rss is None else rss / MB, '>8.0f')}"
         )
     return "\n".join(lines)
 
@@ -91,7 +99,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for r in rows:
         if r["method"] == "full" or r["budget"] == shown:
-            series.setdefault((r["impl"], r["method"]), []).append((r["context_tokens"], r["decode_ms_per_token"]))
+            series.setdefault((r["impl"], method_label(r)), []).append((r["context_tokens"], r["decode_ms_per_token"]))
     for (impl, method), points in sorted(series.items()):
         points.sort()
         style = "--" if impl == "kvpress" else "-"
@@ -104,12 +112,12 @@ def plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     left.grid(alpha=0.3)
     bars = [r for r in rows if r["method"] != "full" and r["budget"] == shown]
     lengths = sorted({r["context_tokens"] for r in bars})
-    names = sorted({(r["impl"], r["method"]) for r in bars})
+    names = sorted({(r["impl"], method_label(r)) for r in bars})
     width = 0.8 / max(len(names), 1)
     for i, (impl, method) in enumerate(names):
         values = []
         for n in lengths:
-            match = [r for r in bars if (r["impl"], r["method"], r["context_tokens"]) == (impl, method, n)]
+            match = [r for r in bars if (r["impl"], method_label(r), r["context_tokens"]) == (impl, method, n)]
             values.append(100 * match[0]["compress_s"] / match[0]["prefill_s"] if match else 0.0)
         xs = [j + i * width for j in range(len(lengths))]
         label = method if impl == "criticalkv" else f"{method} (kvpress)"

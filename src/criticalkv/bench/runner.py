@@ -19,6 +19,7 @@ from criticalkv.bench.prompt import bench_prompts
 from criticalkv.bench.record import BenchRecord
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.methods import Method, bind, get_method
 from criticalkv.runtime.forward import input_device
 from criticalkv.scores.value_norms import NORM_PRECISIONS
@@ -35,7 +36,9 @@ class BenchConfig:
     ``kvpress``: ``"auto"`` compares with kvpress when it can be imported, ``"on"`` requires
     it, ``"off"`` skips it. ``full`` (transformers' dynamic cache) is always measured: it is
     the reference of every ratio. ``head_scores``: a head-score file for head-prior methods
-    (``headkv``, ``critical-headkv``) instead of the model's own.
+    (``headkv``, ``critical-headkv``) instead of the model's own. ``decode_budget``: hold each
+    method's cache at that many entries per KV head while it decodes, re-selecting every
+    ``decode_interval`` new entries per head (kvpress is then not compared: ``"auto"`` skips it).
     """
 
     context_lengths: list[int] = field(default_factory=lambda: [4096])
@@ -48,6 +51,8 @@ class BenchConfig:
     repeats: int = 1
     norm_precision: str | None = None
     head_scores: str | Path | None = None
+    decode_budget: int | None = None
+    decode_interval: int = DEFAULT_INTERVAL
 
     def __post_init__(self) -> None:
         self.methods = [get_method(m).name for m in self.methods if m != "full"]
@@ -65,12 +70,30 @@ class BenchConfig:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
         if self.kvpress not in KVPRESS_CHOICES:
             raise ValueError(f"kvpress must be one of {', '.join(KVPRESS_CHOICES)}, not {self.kvpress!r}")
+        if self.decode_budget is not None:
+            self._check_decode()
         for length in self.context_lengths:  # every (length, budget) resolves before anything is measured
             for budget in self.budgets:
                 try:
                     resolve_budget(budget, torch.tensor([length]), self.window)
                 except ValueError as err:
                     raise ValueError(f"--budgets {budget} at --context-lengths {length}: {err}") from None
+
+    def _check_decode(self) -> None:
+        if self.kvpress == "on":
+            raise ValueError(
+                "kvpress is not measured under a decode budget (its presses compress the prompt only); "
+                "drop kvpress='on' (--kvpress) or the decode budget"
+            )
+        if not self.methods:
+            raise ValueError("a decode budget needs at least one compressing method besides full")
+        for name in self.methods:
+            check_decode_budget(get_method(name), self.window, self.decode_budget, self.decode_interval)
+
+    @property
+    def decode(self) -> tuple[int, int] | None:
+        """(decode budget, interval), or ``None`` without a decode budget."""
+        return None if self.decode_budget is None else (self.decode_budget, self.decode_interval)
 
     def check_model(self, model: Any) -> None:
         limit = getattr(model.config, "max_position_embeddings", None)
@@ -90,8 +113,16 @@ def with_norm_precision(method: Method, precision: str | None) -> Method:
 
 
 def record_key(record: BenchRecord | dict[str, Any]) -> str:
+    """What identifies a record in ``records.jsonl`` (the decode settings only when set)."""
     data = record.to_dict() if isinstance(record, BenchRecord) else record
-    return f"{data['impl']}|{data['method']}|{data['context_tokens']}|{data['budget']}|{data['batch_size']}"
+    budget_d = data.get("decode_budget")
+    decode = None if budget_d is None else (int(budget_d), int(data["decode_interval"]))
+    return _key(data["impl"], data["method"], data["context_tokens"], data["budget"], data["batch_size"], decode)
+
+
+def _key(impl: str, method: str, length: int, budget: Budget, batch: int, decode: tuple[int, int] | None) -> str:
+    base = f"{impl}|{method}|{length}|{float(budget)}|{batch}"
+    return base if decode is None else f"{base}|decode={decode[0]}/{decode[1]}"
 
 
 def _append(path: Path, record: BenchRecord) -> None:
@@ -151,7 +182,7 @@ def run_bench(
     """
     config.check_model(model)
     kvpress = None
-    if config.kvpress != "off":
+    if config.kvpress != "off" and config.decode_budget is None:
         kvpress = import_kvpress()
         if kvpress is None and config.kvpress == "on":
             raise ValueError(
@@ -177,8 +208,9 @@ def run_bench(
                     plan.append(("criticalkv", method, length, budget, batch))
                     if kvpress is not None and kvpress_supports(method) and isinstance(budget, float):
                         plan.append(("kvpress", method, length, budget, batch))  # kvpress takes fractions only
-    # a token count is recorded (and keyed) as a float above 1, as records always held budgets
-    todo = [p for p in plan if "|".join(str(x) for x in (*p[:3], float(p[3]), p[4])) not in done]
+    # a token count is recorded (and keyed) as a float above 1, as records always held budgets;
+    # the full cache keeps everything, so it is the same record with or without a decode budget
+    todo = [p for p in plan if _key(*p, None if p[1] == "full" else config.decode) not in done]
     records: list[BenchRecord] = []
     if not todo:
         return records
@@ -202,7 +234,18 @@ def run_bench(
                 tries.append(measure_full(model, ids, config.decode_tokens))
             else:
                 chosen = with_norm_precision(bind(get_method(method), model, config.head_scores), config.norm_precision)
-                tries.append(measure_criticalkv(model, ids, chosen, budget, config.window, config.decode_tokens))
+                tries.append(
+                    measure_criticalkv(
+                        model,
+                        ids,
+                        chosen,
+                        budget,
+                        config.window,
+                        config.decode_tokens,
+                        decode_budget=config.decode_budget,
+                        decode_interval=config.decode_interval,
+                    )
+                )
         record = _fastest(tries)
         records.append(record)
         if records_path is not None:

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 
 NAME = "bench"
+if TYPE_CHECKING:
+    from criticalkv.bench.runner import BenchConfig
+
 HELP = "time prefill, compression, decode and memory of methods (and kvpress's, if installed) side by side"
 
 
@@ -40,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="override the Critical selections' value-norm precision (default: each method's own, 'auto')",
     )
+    p.add_argument(
+        "--decode-budget", type=int, default=None, help="hold each cache at N entries per KV head while decoding"
+    )
+    p.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
     p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
     add_head_scores_argument(p)
@@ -48,29 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from criticalkv.bench.kvpress_impl import import_kvpress
     from criticalkv.bench.report import format_table, plot
-    from criticalkv.bench.runner import BenchConfig, load_records, run_bench
+    from criticalkv.bench.runner import load_records, run_bench
     from criticalkv.models import load_model
 
-    config = BenchConfig(
-        context_lengths=args.context_lengths,
-        methods=args.methods,
-        budgets=args.budgets,
-        batch_sizes=args.batch_sizes,
-        decode_tokens=args.decode_tokens,
-        window=args.window,
-        kvpress=args.kvpress,
-        repeats=args.repeats,
-        norm_precision=args.norm_precision,
-        head_scores=check_head_scores(args.head_scores),
-    )
+    config = _config(args)
     if args.out is not None:
         output_folder(args.out, "--out")
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     config.check_model(model)
     kvpress_model = None
-    if config.kvpress != "off" and import_kvpress() is not None:
+    compare = config.kvpress != "off" and config.decode_budget is None  # kvpress compresses the prompt only
+    if compare and import_kvpress() is not None:
         kvpress_model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
-    elif config.kvpress == "auto":
+    elif compare and config.kvpress == "auto":
         print("kvpress is not importable: measuring criticalkv only (pip install 'criticalkv[bench]')", file=sys.stderr)
     records = [r.to_dict() for r in run_bench(config, model, tokenizer, kvpress_model=kvpress_model, out=args.out)]
     if args.out is not None:
@@ -90,3 +88,27 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"plot: {png}  records: {args.out / 'records.jsonl'}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    """The benchmark's configuration, every input checked before the model loads."""
+    from criticalkv.bench.runner import BenchConfig
+
+    try:
+        return BenchConfig(
+            context_lengths=args.context_lengths,
+            methods=args.methods,
+            budgets=args.budgets,
+            batch_sizes=args.batch_sizes,
+            decode_tokens=args.decode_tokens,
+            window=args.window,
+            kvpress=args.kvpress,
+            repeats=args.repeats,
+            norm_precision=args.norm_precision,
+            head_scores=check_head_scores(args.head_scores),
+            decode_budget=args.decode_budget,
+            decode_interval=args.decode_interval,
+        )
+    except (TypeError, ValueError) as err:
+        message = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
+        raise UsageError(message.replace("kvpress='on'", "--kvpress on")) from None
