@@ -1,0 +1,118 @@
+"""The server as a Ray Serve deployment on a local Ray cluster, and stores shared by servers."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from criticalkv import CompressedCache, attach
+from criticalkv.runtime import prefill_into
+from criticalkv.serve.errors import APIError
+from criticalkv.serve.store import ContextStore
+from tests.conftest import make_tiny, padded_batch
+from tests.serve_helpers import MAX_NEW, document, free_port, live_server, server_config
+from tests.tiny_tokenizer import char_tokenizer
+
+HAVE_SERVE = importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.serve") is not None
+QUESTIONS = ["What is the key?", "Name a value."]
+
+
+# --- a store folder shared by two servers (fast) ------------------------------------------------
+def test_a_store_finds_contexts_another_stored_and_forgets_deleted_ones(tmp_path: Path) -> None:
+    model, tokenizer = attach(make_tiny("llama")), char_tokenizer()
+    first = ContextStore(tmp_path, 10**9, model, tokenizer)
+    second = ContextStore(tmp_path, 10**9, model, tokenizer)
+    ids, mask = padded_batch([40], seed=5)
+    cache = CompressedCache.for_model(model, "critical-adakv", 0.4, window=8)
+    prefill_into(model, cache, ids, mask)
+    entry = first.add(cache, 40, "critical-adakv", 0.4, 8)
+    assert second.has(entry.id)  # second started before the context existed
+    assert second.info(entry.id)["tokens"] == 40
+    _, loaded = second.get(entry.id)
+    assert torch.equal(loaded.kept_entries(), cache.kept_entries())
+    for mine, theirs in zip(cache.keep_masks(), loaded.keep_masks(), strict=True):
+        assert torch.equal(mine, theirs)
+    second.delete(entry.id)
+    assert not first.has(entry.id)  # first held it in memory; the folder decides
+    with pytest.raises(APIError) as raised:
+        first.get(entry.id)
+    assert raised.value.status == 404
+    assert not second.has("ctx_" + "0" * 24)
+
+
+# --- the Ray Serve deployment (slow: a local cluster, two replicas) -----------------------------
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    if not HAVE_SERVE:
+        pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')")
+    import ray
+    from ray import serve
+
+    from criticalkv.serve.ray_deployment import build_application, start
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    make_tiny("llama").save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    store = tmp_path_factory.mktemp("shared-store")
+    port = free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        start(build_application(server_config(store), str(folder), replicas=2, num_cpus=0.5), "127.0.0.1", port)
+        yield f"http://127.0.0.1:{port}", store
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _ask(url: str, question: str, context_id: str | None = None, text: str | None = None) -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    content = question if text is None else f"{text}\n\n{question}"
+    extra: dict[str, Any] = {"context_id": context_id} if context_id else {}
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW, extra_body=extra
+    )
+    return reply.choices[0].message.content or ""
+
+
+def _create(url: str, text: str) -> dict[str, Any]:
+    response = httpx.post(url + "/v1/contexts", json={"text": text}, timeout=120)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@pytest.mark.slow
+def test_ray_serve_answers_like_the_single_server(deployment: tuple[str, Path], tmp_path: Path) -> None:
+    url, store = deployment
+    texts = [document(11), document(12)]
+    created = [_create(url, text) for text in texts]
+    assert all((store / f"{c['id']}.ckv").is_file() for c in created)  # on the shared folder
+    # every replica answers every context: ask each one several times (the router spreads them)
+    through_ray = {(c["id"], q): {_ask(url, q, c["id"]) for _ in range(4)} for c in created for q in QUESTIONS}
+    assert all(len(answers) == 1 for answers in through_ray.values())
+    with live_server(server_config(tmp_path / "single")) as (single, _):
+        for text, c in zip(texts, created, strict=True):
+            again = _create(single, text)
+            assert (again["tokens"], again["kv_bytes"]) == (c["tokens"], c["kv_bytes"])
+            for q in QUESTIONS:
+                assert through_ray[(c["id"], q)] == {_ask(single, q, again["id"])}
+        assert _ask(url, QUESTIONS[0], text=texts[0]) == _ask(single, QUESTIONS[0], text=texts[0])
+
+
+@pytest.mark.slow
+def test_ray_serve_deletes_for_every_replica_and_answers_404(deployment: tuple[str, Path]) -> None:
+    url, _ = deployment
+    made = _create(url, document(13))
+    assert httpx.delete(f"{url}/v1/contexts/{made['id']}", timeout=60).status_code == 200
+    for _ in range(4):
+        response = httpx.get(f"{url}/v1/contexts/{made['id']}", timeout=60)
+        assert response.status_code == 404
+        assert "no context" in response.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        _ask(url, QUESTIONS[0], made["id"])
