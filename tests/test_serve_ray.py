@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,7 @@ import pytest
 import torch
 
 from criticalkv import CompressedCache, attach
+from criticalkv.cli import main
 from criticalkv.runtime import prefill_into
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.store import ContextStore
@@ -22,6 +28,7 @@ from tests.tiny_tokenizer import char_tokenizer
 
 HAVE_SERVE = importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.serve") is not None
 QUESTIONS = ["What is the key?", "Name a value."]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- a store folder shared by two servers (fast) ------------------------------------------------
@@ -47,6 +54,54 @@ def test_a_store_finds_contexts_another_stored_and_forgets_deleted_ones(tmp_path
     assert not second.has("ctx_" + "0" * 24)
 
 
+# --- the command ----------------------------------------------------------------------------------
+def test_ray_needs_a_shared_store_and_positive_replicas() -> None:
+    assert main(["serve", "--ray"]) == 2  # no --store: refused before anything starts
+    assert main(["serve", "--ray", "--store", "x", "--replicas", "0"]) == 2
+
+
+def _saved_tiny(folder: Path) -> Path:
+    make_tiny("llama").save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
+    if not HAVE_SERVE:
+        pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')")
+    model, store, port = _saved_tiny(tmp_path / "tiny"), tmp_path / "store", free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "criticalkv.cli", "serve", "--ray", "--replicas", "2", "--replica-cpus", "0.5",
+               "--model", str(model), "--store", str(store), "--port", str(port), "--budget", "0.4", "--window", "8",
+               "--max-new-tokens", str(MAX_NEW), "--methods", "snapkv"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(1800):  # bounded: about three minutes on a loaded machine
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the Ray deployment did not answer")
+        made = _create(url, document(21))
+        through_ray = _ask(url, QUESTIONS[0], made["id"], model=str(model))
+        # a single server started on the same folder answers the context the deployment stored
+        with live_server(server_config(store)) as (single, _):
+            assert _ask(single, QUESTIONS[0], made["id"]) == through_ray
+    finally:
+        process.send_signal(signal.SIGINT)  # the command shuts Ray Serve and its cluster down
+        try:
+            assert process.wait(timeout=120) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
 # --- the Ray Serve deployment (slow: a local cluster, two replicas) -----------------------------
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
@@ -57,9 +112,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
     from criticalkv.serve.ray_deployment import build_application, start
 
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
+    folder = _saved_tiny(tmp_path_factory.mktemp("models") / "tiny-llama")
     store = tmp_path_factory.mktemp("shared-store")
     port = free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -71,12 +124,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         ray.shutdown()
 
 
-def _ask(url: str, question: str, context_id: str | None = None, text: str | None = None) -> str:
+def _ask(url: str, question: str, context_id: str | None = None, text: str | None = None, model: str = "tiny") -> str:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     content = question if text is None else f"{text}\n\n{question}"
     extra: dict[str, Any] = {"context_id": context_id} if context_id else {}
     reply = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW, extra_body=extra
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW, extra_body=extra
     )
     return reply.choices[0].message.content or ""
 
