@@ -156,6 +156,16 @@ def test_ray_serve_answers_like_the_single_server(deployment: tuple[str, Path], 
             for q in QUESTIONS:
                 assert through_ray[(c["id"], q)] == {_ask(single, q, again["id"])}
         assert _ask(url, QUESTIONS[0], text=texts[0]) == _ask(single, QUESTIONS[0], text=texts[0])
+    # streaming through Ray Serve's proxy gives the same answer, in one or more chunks
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=MAX_NEW,
+            extra_body={"context_id": created[0]["id"]}, stream=True,
+        )
+    )  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) in through_ray[(created[0]["id"], QUESTIONS[0])]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] in (["stop"], ["length"])
 
 
 @pytest.mark.slow

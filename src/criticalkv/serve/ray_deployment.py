@@ -82,10 +82,18 @@ def start(application: Any, host: str, port: int) -> None:
 
 
 def serve_forever(application: Any, host: str, port: int, address: str = "local") -> None:
-    """Start a Ray cluster (or join ``address``), run ``application`` until interrupted, then shut down."""
+    """Start a local Ray cluster (or join ``address``), run ``application`` until interrupted.
+
+    On Ctrl-C a local cluster is shut down with everything on it; on a joined cluster only
+    this application is deleted.
+    """
     import ray
 
-    ray.init(address=address, include_dashboard=False)
+    local = address == "local"
+    if local:
+        ray.init(address=address, include_dashboard=False)
+    else:
+        ray.init(address=address)
     try:
         start(application, host, port)
         while True:
@@ -93,5 +101,8 @@ def serve_forever(application: Any, host: str, port: int, address: str = "local"
     except KeyboardInterrupt:
         logger.info("stopping the Ray Serve deployment")
     finally:
-        serve.shutdown()
+        if local:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
         ray.shutdown()
