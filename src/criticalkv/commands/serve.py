@@ -6,12 +6,16 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
 API_KEY_ENV = "CRITICALKV_API_KEY"
+
+if TYPE_CHECKING:
+    from criticalkv.serve import ServerConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
     p.add_argument("--force", action="store_true", help="listen beyond localhost without an API key")
+    ray = p.add_argument_group("Ray Serve (scale out; needs pip install 'ray[serve]' and a shared --store)")
+    ray.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment of --replicas replicas")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas, each loading the model once")
+    ray.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
+    ray.add_argument("--ray-address", default="local", help="'local' starts a Ray cluster here; or a cluster's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         config.compression(None, None, None)  # the defaults must lie within the limits
     except APIError as error:
         raise UsageError(error.message) from error
+    if args.ray:
+        return _run_on_ray(args, config)
     import uvicorn
 
     from criticalkv.models import load_model
@@ -71,4 +82,20 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, config)
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
+    if args.store is None:
+        raise UsageError("--ray needs --store: a folder every replica can read and write (the shared contexts)")
+    if args.replicas < 1 or args.replica_cpus <= 0:
+        raise UsageError("--replicas must be at least 1 and --replica-cpus positive")
+    try:
+        from criticalkv.serve import ray_deployment
+    except ImportError as error:
+        raise UsageError(f"--ray needs Ray Serve: pip install 'ray[serve]' ({error})") from error
+    application = ray_deployment.build_application(
+        config, args.model, device=args.device, dtype=args.dtype, replicas=args.replicas, num_cpus=args.replica_cpus
+    )
+    ray_deployment.serve_forever(application, args.host, args.port, address=args.ray_address)
     return 0

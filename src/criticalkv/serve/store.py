@@ -2,7 +2,9 @@
 
 A context is written to the store folder before its creation is acknowledged (so a server
 killed afterwards finds it again); memory holds the most recently used ones up to the cap,
-the others are read back (:meth:`CompressedCache.load`) when a request needs them.
+the others are read back (:meth:`CompressedCache.load`) when a request needs them. The folder
+is the truth: servers sharing it (Ray Serve replicas) find the contexts the others stored, and
+a context whose file is gone is gone for all.
 """
 
 from __future__ import annotations
@@ -76,18 +78,25 @@ class ContextStore:
     def _reload(self) -> None:
         """Register the contexts a previous server left in the folder (read back on demand)."""
         for path in sorted(self.folder.glob(f"ctx_*{SUFFIX}")):
-            try:
-                fields = read_header(path)["fields"]
-                entry = StoredContext(
-                    **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
-                    window=fields["window"],
-                    created=fields["created"],
-                )
-            except (ValueError, KeyError, TypeError) as error:
-                logger.warning("skipping %s: not a readable stored context (%s)", path, error)
-                continue
-            self._entries[entry.id] = entry
+            entry = self._read_entry(path)
+            if entry is not None:
+                self._entries[entry.id] = entry
         logger.info("store %s: %d contexts on disk", self.folder, len(self._entries))
+
+    def _read_entry(self, path: Path) -> StoredContext | None:
+        """The context whose file is ``path`` (header only), or None if it is not a readable one."""
+        try:
+            fields = read_header(path)["fields"]
+            return StoredContext(
+                **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
+                window=fields["window"],
+                created=fields["created"],
+            )
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as error:
+            logger.warning("skipping %s: not a readable stored context (%s)", path, error)
+            return None
 
     # --- what the event loop asks (quick, under the lock) ------------------------------------
     def info(self, context_id: str) -> dict[str, Any]:
@@ -96,7 +105,11 @@ class ContextStore:
 
     def has(self, context_id: str) -> bool:
         with self._lock:
-            return context_id in self._entries
+            try:
+                self._entry(context_id)
+            except APIError:
+                return False
+            return True
 
     def delete(self, context_id: str) -> None:
         with self._lock:
@@ -116,7 +129,16 @@ class ContextStore:
             }
 
     def _entry(self, context_id: str) -> StoredContext:
-        entry = self._entries.get(context_id) if _ID.match(context_id) else None
+        """The entry of ``context_id``; the folder decides, so servers sharing it see each other's."""
+        entry = None
+        if _ID.match(context_id):
+            path = self._path(context_id)
+            if not path.is_file():  # never stored, or deleted (perhaps by another server on this folder)
+                self._entries.pop(context_id, None)
+            else:
+                entry = self._entries.get(context_id) or self._read_entry(path)
+                if entry is not None and context_id not in self._entries:
+                    self._entries[context_id] = entry  # stored by another server sharing the folder
         if entry is None:
             raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
         return entry
@@ -148,7 +170,12 @@ class ContextStore:
             self._entries.move_to_end(context_id)
             if entry.cache is not None:
                 return entry, entry.cache
-        cache = CompressedCache.load(self._path(context_id), self.model, self.tokenizer)
+        try:
+            cache = CompressedCache.load(self._path(context_id), self.model, self.tokenizer)
+        except FileNotFoundError:  # deleted meanwhile, by another server sharing the folder
+            with self._lock:
+                self._entries.pop(context_id, None)
+            raise not_found(f"context {context_id!r} was deleted", "context_id") from None
         with self._lock:
             if context_id in self._entries:
                 self._hold(entry, cache)
