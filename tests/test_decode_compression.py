@@ -42,6 +42,20 @@ def new_cache(model: PreTrainedModel, method: str, budget: float, window: int, *
     )
 
 
+def generate_exactly(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, cache: ckv.CompressedCache, tokens: int
+) -> None:
+    """Greedy ``model.generate`` of exactly ``tokens`` new tokens on ``cache``."""
+    model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        do_sample=False,
+        **cache_argument(model, cache),
+    )
+
+
 def held_average(cache: ckv.CompressedCache) -> torch.Tensor:
     """(L, B) entries per KV head on average that each layer holds (padding excluded: never kept)."""
     return cache.kept_entries().double().mean(-1)
@@ -178,14 +192,7 @@ def test_memory_stays_bounded_through_generate() -> None:
     ids, mask = padded_batch([40, 33], seed=5)
     budget, interval = 10, 4
     cache = new_cache(model, "critical-adakv", 0.5, 4, decode_budget=budget, decode_interval=interval)
-    model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=60,
-        min_new_tokens=60,
-        do_sample=False,
-        **cache_argument(model, cache),
-    )
+    generate_exactly(model, ids, mask, cache, 60)
     layers = cache.compressed_layers
     entry = 2 * layers[0].head_dim * 4  # float32 keys + values
     spare = tail_spare()
@@ -194,14 +201,7 @@ def test_memory_stays_bounded_through_generate() -> None:
     assert cache.get_seq_length() == ids.shape[1] + 59  # positions continue: the logical length grows
     assert cache.kv_bytes_full() > cache.kv_bytes()
     plain = new_cache(model, "critical-adakv", 0.5, 4)
-    model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=60,
-        min_new_tokens=60,
-        do_sample=False,
-        **cache_argument(model, plain),
-    )
+    generate_exactly(model, ids, mask, plain, 60)
     assert plain.kv_bytes_full() == cache.kv_bytes_full()  # the same tokens, uncompressed
 
 
@@ -255,14 +255,7 @@ def test_value_norms_are_computed_once_per_entry(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(decode_module, "projected_value_norms", counting)
     cache = new_cache(model, "critical-adakv", 1.0, 4, decode_budget=8, decode_interval=2)
-    model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=25,
-        min_new_tokens=25,
-        do_sample=False,
-        **cache_argument(model, cache),
-    )
+    generate_exactly(model, ids, mask, cache, 25)
     assert cache.decode is not None and cache.decode.reselections >= 3 * 5
     # each generated entry once per layer, at the first re-selection it took part in (those still in the
     # tail have none yet); the prompt's came from the prefill selection

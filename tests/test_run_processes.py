@@ -177,15 +177,20 @@ def _kill_and_resume(command: list[str], out: Path, expected: int, seed: int, ki
     return counts
 
 
+def _uninterrupted(model_folder: Path, tmp_path: Path, expected: int) -> dict[str, dict[str, Any]]:
+    """The records of the same sweep run once without interruption (the reference)."""
+    reference_out = tmp_path / "reference"
+    rc, err = finish(start(eval_command(model_folder, reference_out, samples=3)))
+    assert rc == 0, err
+    return check_complete(reference_out, expected)
+
+
 @pytest.mark.slow
 def test_a_sweep_killed_at_random_points_resumes_to_the_uninterrupted_result(
     model_folder: Path, tmp_path: Path
 ) -> None:
     expected = 3 * 2 * 7
-    reference_out = tmp_path / "reference"
-    rc, err = finish(start(eval_command(model_folder, reference_out, samples=3)))
-    assert rc == 0, err
-    reference = check_complete(reference_out, expected)
+    reference = _uninterrupted(model_folder, tmp_path, expected)
     out = tmp_path / "killed"
     _kill_and_resume(eval_command(model_folder, out, samples=3), out, expected, seed=14, kills=5)
     assert_same_scores(check_complete(out, expected), reference)
@@ -200,10 +205,8 @@ def test_a_ray_sweep_killed_at_random_points_resumes_to_the_uninterrupted_result
 ) -> None:
     """The driver (the only writer) is killed; the local cluster it started goes with it."""
     expected = 3 * 2 * 7
-    reference_out = tmp_path / "reference"
-    rc, err = finish(start(eval_command(model_folder, reference_out, samples=3)))
-    assert rc == 0, err
+    reference = _uninterrupted(model_folder, tmp_path, expected)
     out = tmp_path / "killed"
     ray = ("--ray", "--ray-workers", "1", "--ray-cpus-per-worker", "1")
     _kill_and_resume(eval_command(model_folder, out, *ray, samples=3), out, expected, seed=15, kills=2)
-    assert_same_scores(check_complete(out, expected), check_complete(reference_out, expected))
+    assert_same_scores(check_complete(out, expected), reference)
