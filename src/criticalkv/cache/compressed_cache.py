@@ -13,9 +13,12 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, DecodeCompression
+from criticalkv.cache.fork import fork_cache
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, check_quantized_decode, quantization_for
+from criticalkv.cache.quantized_layer import make_layer
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
@@ -43,6 +46,8 @@ class CompressedCache(Cache):
     decode_budget : entries per KV head the cache is held to while it decodes (``None``: the
         generated tokens are all kept); see :class:`~criticalkv.cache.decode_compression.DecodeCompression`.
     decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
+    kv_bits, kv_group_size, kv_residual : the storage precision (16: the model's dtype; 8 or 4:
+        quantized, see :class:`~criticalkv.cache.quant_spec.KVQuantization`).
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
@@ -75,6 +80,9 @@ class CompressedCache(Cache):
         window: int = DEFAULT_WINDOW,
         decode_budget: int | None = None,
         decode_interval: int = DEFAULT_INTERVAL,
+        kv_bits: int = 16,
+        kv_group_size: int = DEFAULT_GROUP_SIZE,
+        kv_residual: int | None = None,
     ) -> None:
         self.method = get_method(method)
         if not self.method.bound:
@@ -85,6 +93,8 @@ class CompressedCache(Cache):
                 "model[, head_scores='scores.json'])"
             )
         self.budget = validate_budget(budget)
+        self.quantization = quantization_for(kv_bits, kv_group_size, kv_residual, self.budget)
+        check_quantized_decode(self.quantization, decode_budget)
         self.window = check_window(window)
         self.num_layers = num_layers
         self.real_prompt_tokens: torch.Tensor | None = None
@@ -97,7 +107,7 @@ class CompressedCache(Cache):
         #: the device is synchronised around each layer so the time is exact on CUDA (benchmarks only)
         self.compress_seconds = 0.0
         self.synchronize_timing = False
-        layers = [CompressedLayer(i, on_prefill=self._compress_layer) for i in range(num_layers)]
+        layers = [make_layer(i, self._compress_layer, self.quantization) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
         self.decode: DecodeCompression | None = None  # the decode budget, if any
         if decode_budget is not None:
@@ -116,6 +126,9 @@ class CompressedCache(Cache):
         """A cache sized for ``model`` (its number of decoder layers), with head scores bound
         for ``model`` if the method needs them (an error up front if there are none)."""
         bound = bind(get_method(method), model, head_scores)
+        quantization_for(
+            kwargs.get("kv_bits", 16), kwargs.get("kv_group_size", DEFAULT_GROUP_SIZE), config=model.config
+        )
         return cls(model.config.num_hidden_layers, bound, budget, **kwargs)
 
     @classmethod
@@ -126,6 +139,7 @@ class CompressedCache(Cache):
         budget: Budget,
         window: int | None = None,
         head_scores: HeadScoresArg = None,
+        **storage: Any,
     ) -> CompressedCache:
         """Compress captured prefill states (see :class:`CaptureCache`) without a new prefill.
 
@@ -136,7 +150,7 @@ class CompressedCache(Cache):
             raise ValueError("no layer states to compress")
         window = states[0].window if window is None else window
         config = getattr(states[0].module, "config", None)  # the model the attention module belongs to
-        cache = cls(len(states), bind(get_method(method), config, head_scores), budget, window=window)
+        cache = cls(len(states), bind(get_method(method), config, head_scores), budget, window=window, **storage)
         for layer, state in zip(cache.compressed_layers, states, strict=True):
             if state.window != cache.window:
                 state = LayerState(**{**state.__dict__, "window": cache.window})
@@ -217,25 +231,7 @@ class CompressedCache(Cache):
 
         Use it to ask several questions of one compressed context (question-agnostic mode).
         """
-        clone = CompressedCache(self.num_layers, self.method, self.budget, self.window)
-        if self.decode is not None:  # its own decode budget: the two decode independently
-            clone.decode = self.decode.fork()
-            clone.decode.install(clone.compressed_layers)
-        clone.real_prompt_tokens = self.real_prompt_tokens
-        clone._budget_tokens = self._budget_tokens
-        clone.tokens = self.tokens.head(self.compressed_layers[0].prefix_len)
-        for mine, theirs in zip(self.compressed_layers, clone.compressed_layers, strict=True):
-            if mine.prefix is None:
-                raise ValueError("only a cache that already holds a compressed prompt can be forked")
-            theirs.prefix, theirs.keep, theirs.prefix_len = mine.prefix, mine.keep, mine.prefix_len
-            theirs.batch_size, theirs.num_kv_heads, theirs.head_dim = (
-                mine.batch_size,
-                mine.num_kv_heads,
-                mine.head_dim,
-            )
-            theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True
-            theirs.owns_prefix = False  # shared read-only: appends go to the clone's own tail
-        return clone
+        return fork_cache(self)
 
     def holds_prompt(self) -> bool:
         """Whether a compressed prompt is stored (then only continuations are accepted)."""
@@ -255,6 +251,10 @@ class CompressedCache(Cache):
 
     def save(self, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
         """Write the cache to ``path`` atomically; returns the file's bytes (see :mod:`~criticalkv.cache.persist`)."""
+        if self.quantization is not None:
+            raise ValueError(
+                "a quantized cache (kv_bits 8 or 4) cannot be saved yet: build it with kv_bits=16 to save it"
+            )
         return save_cache(self, path, model, tokenizer, **fields)
 
     @classmethod

@@ -1,0 +1,130 @@
+"""The storage precision of a compressed cache: ``kv_bits``, its group size and its residual."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from criticalkv.cache.quantize import SUPPORTED_BITS
+
+#: entries (keys: tokens, values: channels) sharing one scale and zero point
+DEFAULT_GROUP_SIZE = 32
+#: most recent appended tokens kept in full precision (capped at the smallest per-head budget)
+DEFAULT_RESIDUAL = 64
+#: ``kv_bits`` values that mean "not quantized": the model's own dtype
+UNQUANTIZED_BITS: tuple[int, ...] = (16, 32)
+
+
+@dataclass(frozen=True)
+class KVQuantization:
+    """Kept entries stored in ``bits`` bits (Liu et al. 2024, KIVI, arXiv 2402.02750).
+
+    Keys are quantized per channel over ``group_size`` consecutive kept entries of a head; values
+    per token over ``group_size`` consecutive channels. The most recent ``residual`` appended
+    tokens stay in full precision; older ones are quantized ``group_size`` at a time.
+    ``residual=None`` means :data:`DEFAULT_RESIDUAL`, capped at the smallest per-head budget.
+    """
+
+    bits: int
+    group_size: int = DEFAULT_GROUP_SIZE
+    residual: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or self.bits not in SUPPORTED_BITS:
+            raise ValueError(f"kv_bits must be 16 (not quantized), 8 or 4, not {self.bits!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ValueError(f"the quantization group size must be a positive integer, not {self.group_size!r}")
+        if self.residual is not None and (
+            isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0
+        ):
+            raise ValueError(f"the full-precision residual must be a non-negative integer, not {self.residual!r}")
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """A clear error if the group size does not divide the head dimension."""
+        if head_dim % self.group_size:
+            raise ValueError(
+                f"the quantization group size {self.group_size} does not divide the head dimension {head_dim}: "
+                f"pick a divisor of {head_dim} (e.g. {_largest_divisor(head_dim, self.group_size)})"
+            )
+        if self.bits == 4 and head_dim % 2:
+            raise ValueError(
+                f"4-bit storage packs two channels a byte and needs an even head dimension, not {head_dim}"
+            )
+
+    def check_budget(self, budget_tokens: int) -> None:
+        """A clear error if an explicit residual is longer than the smallest per-head budget."""
+        if self.residual is not None and self.residual > budget_tokens:
+            raise ValueError(
+                f"the full-precision residual ({self.residual} tokens) is longer than the budget "
+                f"({budget_tokens} entries per head): pass kv_residual <= {budget_tokens} or a larger budget"
+            )
+
+    def residual_for(self, budget_tokens: int | None) -> int:
+        """The residual in effect for a cache whose smallest per-head budget is ``budget_tokens``."""
+        if self.residual is not None:
+            return self.residual
+        return DEFAULT_RESIDUAL if budget_tokens is None else min(DEFAULT_RESIDUAL, budget_tokens)
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(k for k in range(1, min(n, at_most) + 1) if n % k == 0)
+
+
+def head_dim_of(config: Any) -> int | None:
+    """The attention head dimension of a transformers config, where it can be read."""
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(head_dim, int):
+        return head_dim
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def quantization_for(
+    kv_bits: int,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    residual: int | None = None,
+    budget: int | float | None = None,
+    config: Any = None,
+) -> KVQuantization | None:
+    """Validate the storage options; ``None`` for ``kv_bits`` 16 (the model's dtype, not quantized).
+
+    ``budget`` (a token count) and ``config`` (the model's) are checked when given, before any work.
+    """
+    if isinstance(kv_bits, bool) or not isinstance(kv_bits, int):
+        raise TypeError(f"kv_bits must be an integer (16, 8 or 4), not {kv_bits!r}")
+    if kv_bits in UNQUANTIZED_BITS:
+        return None
+    spec = KVQuantization(kv_bits, group_size, residual)
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        spec.check_budget(budget)
+    head_dim = None if config is None else head_dim_of(config)
+    if head_dim is not None:
+        spec.check_head_dim(head_dim)
+    return spec
+
+
+def storage_bits(cache_bytes: int, entries: int, head_dim: int) -> float:
+    """Bits per stored key or value element: ``8 * bytes / (entries * 2 * head_dim)``."""
+    return 8.0 * cache_bytes / max(1, entries * 2 * head_dim)
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | None) -> None:
+    """Decode-time compression re-selects over full-precision entries: refused with quantized storage."""
+    if spec is not None and decode_budget is not None:
+        raise ValueError(
+            "a decode budget (decode-time re-selection) cannot be combined with quantized storage "
+            f"(kv_bits={spec.bits}): pass decode_budget=None, or kv_bits=16"
+        )
+
+
+def storage_options(spec: KVQuantization | None) -> dict[str, Any]:
+    """The ``kv_bits``/``kv_group_size``/``kv_residual`` keywords that rebuild ``spec`` (empty: not quantized)."""
+    if spec is None:
+        return {}
+    return {"kv_bits": spec.bits, "kv_group_size": spec.group_size, "kv_residual": spec.residual}

@@ -1,0 +1,198 @@
+"""A compressed layer whose kept entries are stored quantized (``kv_bits`` 8 or 4).
+
+The compressed prompt is a :class:`~criticalkv.cache.quantized_prefix.QuantizedPrefix`. Appended
+tokens go to a full-precision residual; once it holds ``residual + G`` entries per segment, its
+oldest whole blocks of ``G`` are quantized into the quantized tail, so the most recent
+``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention reads the quantized
+blocks tile by tile (:mod:`criticalkv.cache.quantized_attention`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from criticalkv.cache.layer import MIN_GROWTH, CompressedLayer, PrefillHook
+from criticalkv.cache.quant_spec import KVQuantization
+from criticalkv.cache.quantized_attention import quantized_attention
+from criticalkv.cache.quantized_prefix import QuantizedPrefix, build_quantized_prefix
+from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+
+
+class QuantizedLayer(CompressedLayer):
+    """A :class:`CompressedLayer` storing its kept prompt entries and older appended tokens in
+    ``spec.bits`` bits (see the module docstring)."""
+
+    def __init__(self, layer_idx: int, spec: KVQuantization, on_prefill: PrefillHook | None = None) -> None:
+        super().__init__(layer_idx, on_prefill)
+        self.spec = spec
+        self.residual = spec.residual_for(None)
+        self._clear_tail()
+
+    def _clear_tail(self) -> None:
+        self.tail_blocks: QuantizedBlocks | None = None
+        self.tail_used = 0
+        self.residual_keys: torch.Tensor | None = None
+        self.residual_values: torch.Tensor | None = None
+        self.residual_len = 0
+        self.tail_len = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self._clear_tail()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.prefix is None:
+            return
+        if torch.equal(indices.to(self.device).long(), torch.arange(self.batch_size, device=self.device)):
+            return
+        raise ValueError(
+            "a quantized cache (kv_bits 8 or 4) cannot reorder or repeat its rows (beam search, "
+            "num_return_sequences > 1): use kv_bits=16 or one row per prompt"
+        )
+
+    # --- storage ---------------------------------------------------------------------------------
+    def set_prefix(
+        self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, logical_len: int | None = None
+    ) -> None:
+        """Quantize and store the kept entries of the prompt's (B, H_kv, T, d) keys/values."""
+        b, h, t, d = keys.shape
+        self.spec.check_head_dim(d)
+        per_head = int(keep.reshape(b, -1).sum(-1).min()) // max(1, h)  # the smallest row's budget per head
+        self.spec.check_budget(per_head)
+        self.residual = self.spec.residual_for(per_head)
+        self.batch_size, self.num_kv_heads, self.head_dim = b, h, d
+        self.device, self.dtype = keys.device, keys.dtype
+        self.prefix = build_quantized_prefix(keys, values, keep, self.spec.bits, self.spec.group_size)
+        self.keep = keep
+        self.prefix_len = t if logical_len is None else logical_len
+        self.tail_may_have_padding = False
+        self.tail_keys = self.tail_values = None
+        self.fused = None
+        self.owns_prefix = True
+        self.is_initialized = True
+        self._clear_tail()
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Append (B, H_kv, q, d) entries; quantize the residual's oldest whole blocks beyond ``residual``."""
+        assert self.prefix is not None
+        s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
+        if key_states.shape[0] != self.batch_size:
+            raise ValueError(f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed")
+        new_k, new_v = key_states.reshape(s, q, d), value_states.reshape(s, q, d)
+        if not self.prefix.identity:
+            new_k, new_v = new_k[self.prefix.perm], new_v[self.prefix.perm]
+        need = self.residual_len + q
+        capacity = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
+        if need > capacity:
+            self._grow_residual(need + max(MIN_GROWTH, need // 8))
+        assert self.residual_keys is not None and self.residual_values is not None
+        self.residual_keys[:, self.residual_len : need] = new_k
+        self.residual_values[:, self.residual_len : need] = new_v
+        self.residual_len = need
+        self.tail_len += q
+        g = self.spec.group_size
+        whole = (self.residual_len - self.residual) // g if self.residual_len >= self.residual + g else 0
+        if whole:
+            self._quantize_oldest(whole)
+
+    def _grow_residual(self, capacity: int) -> None:
+        s, d = self.batch_size * self.num_kv_heads, self.head_dim
+        grown_k = torch.empty(s, capacity, d, dtype=self.dtype, device=self.device)
+        grown_v = torch.empty_like(grown_k)
+        if self.residual_keys is not None and self.residual_values is not None and self.residual_len:
+            grown_k[:, : self.residual_len] = self.residual_keys[:, : self.residual_len]
+            grown_v[:, : self.residual_len] = self.residual_values[:, : self.residual_len]
+        self.residual_keys, self.residual_values = grown_k, grown_v
+
+    def _quantize_oldest(self, count: int) -> None:
+        """Move the residual's oldest ``count`` blocks into the quantized tail."""
+        assert self.residual_keys is not None and self.residual_values is not None
+        g, s = self.spec.group_size, self.batch_size * self.num_kv_heads
+        n = count * g
+        block = quantize_blocks(
+            self.residual_keys[:, :n], self.residual_values[:, :n], self.spec.bits, g
+        )  # all real: padding in the tail is masked at attention time, like the full-precision tail
+        need = self.tail_used + count
+        capacity = 0 if self.tail_blocks is None else self.tail_blocks.num_blocks
+        if need > capacity:
+            grown = empty_blocks(s, need + max(2, need // 8), self.head_dim, self.spec.bits, g, self.device)
+            if self.tail_blocks is not None and self.tail_used:
+                write_blocks(grown, 0, _first_blocks(self.tail_blocks, self.tail_used))
+            self.tail_blocks = grown
+        assert self.tail_blocks is not None
+        write_blocks(self.tail_blocks, self.tail_used, block)
+        self.tail_used = need
+        rest = self.residual_len - n
+        self.residual_keys[:, :rest] = self.residual_keys[:, n : self.residual_len].clone()
+        self.residual_values[:, :rest] = self.residual_values[:, n : self.residual_len].clone()
+        self.residual_len = rest
+
+    # --- attention -------------------------------------------------------------------------------
+    def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
+        prefix = self.prefix
+        assert isinstance(prefix, QuantizedPrefix)
+        b, h_q, q, d = query.shape
+        h = self.num_kv_heads
+        g = h_q // h
+        q_sorted = query.reshape(b * h, g * q, d)
+        if not prefix.identity:
+            q_sorted = q_sorted[prefix.perm]
+        tail_mask = None
+        if self.tail_len > 0:
+            tail_mask = self._tail_mask(attention_mask, b, g, q, self.tail_len)
+            if tail_mask is not None and not prefix.identity:
+                tail_mask = tail_mask[prefix.perm]
+        r = self.residual_len
+        out = quantized_attention(
+            q_sorted,
+            prefix.blocks,
+            self.tail_blocks,
+            self.tail_used,
+            None if self.residual_keys is None else self.residual_keys[:, :r],
+            None if self.residual_values is None else self.residual_values[:, :r],
+            tail_mask,
+            scaling,
+        )
+        if not prefix.identity:
+            out = out[prefix.inv_perm]
+        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
+
+    # --- accounting ------------------------------------------------------------------------------
+    def nbytes(self) -> int:
+        """Packed codes + scales + zero points of the prefix and quantized tail, plus the
+        full-precision residual (capacity included)."""
+        total = 0 if self.prefix is None else self.prefix.nbytes()
+        if self.tail_blocks is not None:
+            total += self.tail_blocks.nbytes()
+        for tensor in (self.residual_keys, self.residual_values):
+            if tensor is not None:
+                total += tensor.numel() * tensor.element_size()
+        return total
+
+    def tail_capacity(self) -> int:
+        blocks = 0 if self.tail_blocks is None else self.tail_blocks.num_blocks * self.spec.group_size
+        return blocks + (0 if self.residual_keys is None else int(self.residual_keys.shape[1]))
+
+
+def _first_blocks(blocks: QuantizedBlocks, count: int) -> QuantizedBlocks:
+    return QuantizedBlocks(
+        blocks.key_codes[:, :count],
+        blocks.key_scale[:, :count],
+        blocks.key_zero[:, :count],
+        blocks.value_codes[:, :count],
+        blocks.value_scale[:, :count],
+        blocks.value_zero[:, :count],
+        None,
+        blocks.bits,
+        blocks.group,
+    )
+
+
+def make_layer(layer_idx: int, on_prefill: Any, spec: KVQuantization | None) -> CompressedLayer:
+    """A :class:`QuantizedLayer` for ``spec``, a plain :class:`CompressedLayer` for ``None``."""
+    if spec is None:
+        return CompressedLayer(layer_idx, on_prefill=on_prefill)
+    return QuantizedLayer(layer_idx, spec, on_prefill=on_prefill)

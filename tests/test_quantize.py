@@ -1,0 +1,137 @@
+"""The quantization primitives: exact packing, the per-group error bound, the bytes formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from criticalkv.cache.quant_spec import KVQuantization, quantization_for, storage_bits
+from criticalkv.cache.quantize import dequantize, pack, quantize, unpack
+from criticalkv.cache.quantized_prefix import build_quantized_prefix
+from criticalkv.cache.quantized_store import quantize_blocks
+
+BITS = st.sampled_from([4, 8])
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=BITS, rows=st.integers(1, 5), half=st.integers(1, 12), seed=st.integers(0, 2**31 - 1))
+def test_pack_unpack_is_exact(bits: int, rows: int, half: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (rows, 2 * half), generator=g, dtype=torch.uint8)
+    packed = pack(codes, bits)
+    assert packed.shape[-1] == 2 * half * bits // 8
+    assert torch.equal(unpack(packed, bits), codes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    bits=BITS,
+    groups=st.integers(1, 6),
+    size=st.integers(1, 40),
+    scale=st.floats(1e-3, 1e3),
+    offset=st.floats(-100, 100),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_error_within_half_a_step_per_group(
+    bits: int, groups: int, size: int, scale: float, offset: float, seed: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(groups, size, generator=g) * scale + offset
+    codes, s, z = quantize(x, bits, dim=-1)
+    assert s.shape == z.shape == (groups, 1) and s.dtype == torch.float16
+    assert int(codes.max()) <= 2**bits - 1
+    back = dequantize(codes, s, z, torch.float32)
+    bound = s.float() / 2 * (1 + 1e-5) + 1e-6 * x.abs().amax(-1, keepdim=True)
+    assert bool(((back - x).abs() <= bound).all())
+    # the step is no coarser than the range over the levels (up to float16 rounding)
+    spread = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / (2**bits - 1)
+    assert bool((s.float() <= spread * (1 + 2**-9) + 2**-24 + 2**-10 * x.abs().amax(-1, keepdim=True)).all())
+
+
+def test_constant_group_is_exact_when_representable() -> None:
+    x = torch.full((2, 8), 0.5)
+    codes, s, z = quantize(x, 4, dim=-1)
+    assert torch.equal(dequantize(codes, s, z, torch.float32), x)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bits=BITS, seed=st.integers(0, 2**31 - 1), size=st.integers(2, 20))
+def test_invalid_entries_do_not_move_the_statistics(bits: int, seed: int, size: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, size, generator=g)
+    valid = torch.rand(3, size, generator=g) > 0.3
+    valid[:, 0] = True
+    poisoned = x.masked_fill(~valid, 1e4)
+    _, s1, z1 = quantize(poisoned, bits, dim=-1, valid=valid)
+    _, s2, z2 = quantize(x.masked_fill(~valid, 0.0), bits, dim=-1, valid=valid)
+    assert torch.equal(s1, s2) and torch.equal(z1, z2)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_bytes_equal_the_formula(bits: int) -> None:
+    n, nb, group, d = 3, 5, 8, 16
+    blocks = quantize_blocks(torch.randn(n, nb * group, d), torch.randn(n, nb * group, d), bits, group)
+    entries = n * nb * group
+    codes = 2 * entries * d * bits // 8
+    key_stats = 2 * n * nb * d * 2  # scale + zero, float16, per channel per block
+    value_stats = 2 * entries * (d // group) * 2  # scale + zero, float16, per token per channel group
+    assert blocks.nbytes() == codes + key_stats + value_stats
+
+
+def test_prefix_bytes_and_bits_per_element() -> None:
+    """Ragged heads: each head's blocks are ceil(L / G), the last one padded; 4 bits, G=32 -> <= 5 bits."""
+    b, h, t, d, group = 2, 3, 200, 64, 32
+    g = torch.Generator().manual_seed(0)
+    keep = torch.rand(b, h, t, generator=g) < torch.rand(b, h, 1, generator=g)
+    keep[..., -4:] = True
+    prefix = build_quantized_prefix(torch.randn(b, h, t, d), torch.randn(b, h, t, d), keep, 4, group)
+    lengths = keep.reshape(-1, t).sum(-1)
+    blocks = int(((lengths + group - 1) // group).sum())
+    padded = blocks * group
+    expected = 2 * padded * d // 2 + blocks * d * 2 * 2 + padded * (d // group) * 2 * 2
+    assert prefix.nbytes() == expected
+    assert storage_bits(expected, padded, d) == pytest.approx(4 + 1 / 2 + 1 / 2)  # codes, key and value stats
+
+
+def test_prefix_reads_back_its_kept_entries() -> None:
+    """The staircase gathers each head's kept entries in position order."""
+    b, h, t, d, group = 1, 4, 30, 8, 4
+    keys = torch.randn(b, h, t, d)
+    keep = torch.zeros(b, h, t, dtype=torch.bool)
+    for j, n in enumerate([3, 9, 30, 13]):
+        keep[0, j, torch.randperm(t)[:n]] = True
+    prefix = build_quantized_prefix(keys, keys.clone(), keep, 8, group)
+    for s in range(h):
+        i = int(prefix.inv_perm[s])
+        parts = []
+        for tier in prefix.blocks:
+            if tier.num_segments > i:
+                k, _ = tier.dequantize(0, tier.num_blocks, torch.float32)
+                parts.append(k[i])
+        got = torch.cat(parts)[: int(keep[0, s].sum())]
+        assert torch.allclose(got, keys[0, s, keep[0, s]], atol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_bits": 3}, "kv_bits must be 16"),
+        ({"kv_bits": 2}, "kv_bits must be 16"),
+        ({"kv_bits": 4, "group_size": 0}, "positive integer"),
+        ({"kv_bits": 4, "residual": -1}, "non-negative"),
+        ({"kv_bits": 4, "residual": 600, "budget": 512}, "longer than the budget"),
+    ],
+)
+def test_bad_options(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        quantization_for(**kwargs)
+
+
+def test_bad_types_and_head_dim() -> None:
+    with pytest.raises(TypeError, match="kv_bits must be an integer"):
+        quantization_for("4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not divide the head dimension 64"):
+        KVQuantization(4, 48).check_head_dim(64)
+    assert quantization_for(16) is None
