@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from criticalkv.cache.quant_spec import KVQuantization, quantization_for, storage_bits
+from criticalkv.cache.quant_spec import KVQuantization, quantization_for
 from criticalkv.cache.quantize import dequantize, pack, quantize, unpack
 from criticalkv.cache.quantized_prefix import build_quantized_prefix
 from criticalkv.cache.quantized_store import quantize_blocks
@@ -92,7 +92,7 @@ def test_prefix_bytes_and_bits_per_element() -> None:
     padded = blocks * group
     expected = 2 * padded * d // 2 + blocks * d * 2 * 2 + padded * (d // group) * 2 * 2
     assert prefix.nbytes() == expected
-    assert storage_bits(expected, padded, d) == pytest.approx(4 + 1 / 2 + 1 / 2)  # codes, key and value stats
+    assert 8 * expected / (2 * padded * d) == pytest.approx(4 + 1 / 2 + 1 / 2)  # codes, key and value stats
 
 
 def test_prefix_reads_back_its_kept_entries() -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from criticalkv.cache.quantize import SUPPORTED_BITS
 
 #: entries (keys: tokens, values: channels) sharing one scale and zero point
@@ -105,15 +103,6 @@ def quantization_for(
     return spec
 
 
-def storage_bits(cache_bytes: int, entries: int, head_dim: int) -> float:
-    """Bits per stored key or value element: ``8 * bytes / (entries * 2 * head_dim)``."""
-    return 8.0 * cache_bytes / max(1, entries * 2 * head_dim)
-
-
-def element_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | None) -> None:
     """Decode-time compression re-selects over full-precision entries: refused with quantized storage."""
     if spec is not None and decode_budget is not None:
@@ -128,3 +117,15 @@ def storage_options(spec: KVQuantization | None) -> dict[str, Any]:
     if spec is None:
         return {}
     return {"kv_bits": spec.bits, "kv_group_size": spec.group_size, "kv_residual": spec.residual}
+
+
+def bits_per_element(cache: Any) -> float | None:
+    """Bits per key or value element a :class:`CompressedCache` holds now, scales, zero points,
+    padding and spare tail capacity included; ``None`` if it holds nothing."""
+    entries, bytes_ = 0, 0
+    for layer in cache.compressed_layers:
+        if layer.prefix is None:
+            continue
+        entries += (layer.prefix.num_entries + layer.batch_size * layer.num_kv_heads * layer.tail_len) * layer.head_dim
+        bytes_ += layer.nbytes()
+    return 8.0 * bytes_ / (2 * entries) if entries else None

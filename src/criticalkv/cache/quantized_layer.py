@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.layer import MIN_GROWTH, CompressedLayer, PrefillHook
+from criticalkv.cache.layer import CompressedLayer, PrefillHook
 from criticalkv.cache.quant_spec import KVQuantization
 from criticalkv.cache.quantized_attention import quantized_attention
 from criticalkv.cache.quantized_prefix import QuantizedPrefix, build_quantized_prefix
@@ -85,8 +85,8 @@ class QuantizedLayer(CompressedLayer):
             new_k, new_v = new_k[self.prefix.perm], new_v[self.prefix.perm]
         need = self.residual_len + q
         capacity = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
-        if need > capacity:
-            self._grow_residual(need + max(MIN_GROWTH, need // 8))
+        if need > capacity:  # it never holds more than residual + G - 1 + q: little spare room needed
+            self._grow_residual(need + self.spec.group_size)
         assert self.residual_keys is not None and self.residual_values is not None
         self.residual_keys[:, self.residual_len : need] = new_k
         self.residual_values[:, self.residual_len : need] = new_v

@@ -11,9 +11,16 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from criticalkv.budgets.resolve import Budget, validate_budget
+from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.quant_spec import (
+    DEFAULT_GROUP_SIZE,
+    bits_per_element,
+    check_quantized_decode,
+    quantization_for,
+    storage_options,
+)
 from criticalkv.compat import cache_argument
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.prompts import encode_pair, left_pad
@@ -56,6 +63,9 @@ class GenerationResult:
     kv_bytes_final: int = 0
     decode_budget: int | None = None
     decode_interval: int | None = None
+    #: the storage precision (16: the model's dtype) and the bits per stored key/value element
+    kv_bits: int = 16
+    kv_bits_per_element: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +117,9 @@ def generate(
     head_scores: HeadScoresArg = None,
     decode_budget: int | None = None,
     decode_interval: int = DEFAULT_INTERVAL,
+    kv_bits: int = 16,
+    kv_group_size: int = DEFAULT_GROUP_SIZE,
+    kv_residual: int | None = None,
     **generate_kwargs: Any,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with a compressed KV cache.
@@ -123,6 +136,9 @@ def generate(
     generates, re-selecting a layer once it grew ``decode_interval`` entries per head beyond it
     (:mod:`criticalkv.cache.decode_compression`); with ``budget=1.0`` only the decode budget compresses.
 
+    ``kv_bits`` 8 or 4 stores the kept entries quantized (``kv_group_size`` entries a scale and zero
+    point, the last ``kv_residual`` appended tokens exact; :class:`~criticalkv.cache.quant_spec.KVQuantization`).
+
     Raises
     ------
     ValueError
@@ -136,6 +152,8 @@ def generate(
         raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
     if decode_budget is not None:
         check_decode_budget(method, window, decode_budget, decode_interval)
+    quantization = quantization_for(kv_bits, kv_group_size, kv_residual, budget, config=model.config)
+    check_quantized_decode(quantization, decode_budget)
     contexts, questions = _as_list(context, "context"), _as_list(question, "question")
     if len(contexts) != len(questions):
         raise ValueError(f"got {len(contexts)} contexts but {len(questions)} questions")
@@ -151,9 +169,12 @@ def generate(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model)
     decode = {} if decode_budget is None else {"decode_budget": decode_budget, "decode_interval": decode_interval}
-    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode)
+    storage = storage_options(quantization)
+    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode, **storage)
     compressed = [c + q for c, q in pairs] if mode == "question-aware" else [c for c, _ in pairs]
     shortest = min(len(s) for s in compressed)
+    if quantization is not None:  # an explicit residual longer than the budget: refused before the prefill
+        quantization.check_budget(int(resolve_budget(budget, torch.tensor([shortest]), window)[0]))
     if shortest < window:
         raise ValueError(
             f"the {'prompt' if mode == 'question-aware' else 'context'} has {shortest} tokens, fewer than "
@@ -199,4 +220,6 @@ def generate(
         kv_bytes_final=cache.kv_bytes(),
         decode_budget=decode_budget,
         decode_interval=None if decode_budget is None else decode_interval,
+        kv_bits=16 if quantization is None else quantization.bits,
+        kv_bits_per_element=bits_per_element(cache),
     )
