@@ -160,3 +160,15 @@ def test_save_and_row_reordering_are_refused(model: PreTrainedModel, tmp_path: o
         cache.save(f"{tmp_path}/c.safetensors", model)
     with pytest.raises(ValueError, match="cannot reorder or repeat its rows"):
         cache.batch_repeat_interleave(2)
+
+
+def test_sweep_identity_records_kv_bits_only_when_set(tmp_path: object) -> None:
+    from criticalkv.eval.config import SweepConfig
+
+    common = {"tasks": ["niah_single_1"], "lengths": [256], "samples": 1, "model": "tiny"}
+    plain = SweepConfig(out=f"{tmp_path}/a", **common)  # type: ignore[arg-type]
+    four = SweepConfig(out=f"{tmp_path}/b", kv_bits=4, **common)  # type: ignore[arg-type]
+    assert "kv_bits" not in plain.identity() and "kv_bits" not in plain.to_json()
+    assert four.identity()["kv_bits"] == 4 and four.to_json()["kv_bits"] == 4
+    with pytest.raises(ValueError, match="kv_bits must be 16"):
+        SweepConfig(out=f"{tmp_path}/c", kv_bits=3, **common)  # type: ignore[arg-type]

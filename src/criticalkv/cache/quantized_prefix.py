@@ -30,6 +30,13 @@ class QuantizedPrefix(RaggedPrefix):
     def nbytes(self) -> int:
         return sum(tier.nbytes() for tier in self.blocks)
 
+    def segment_bytes(self) -> torch.Tensor:
+        """(S,) bytes each segment holds (original order): its blocks' codes, scales and zero points."""
+        per_segment = torch.zeros(self.lengths.shape[0], dtype=torch.long, device=self.lengths.device)
+        for tier in self.blocks:
+            per_segment[self.perm[: tier.num_segments]] += tier.nbytes() // max(1, tier.num_segments)
+        return per_segment
+
     def segment(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("a quantized prefix cannot be read back per segment in full precision")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache.quantized_prefix import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 
@@ -26,9 +28,10 @@ def keep_masks(states: Sequence[LayerState], method: Method, budget: Budget) -> 
 
 
 def stacked_cache(
-    states: Sequence[LayerState], configs: Sequence[tuple[Method, Budget]]
+    states: Sequence[LayerState], configs: Sequence[tuple[Method, Budget]], **storage: Any
 ) -> tuple[CompressedCache, list[float]]:
-    """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``.
+    """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``
+    (``storage``: ``kv_bits`` etc., see :class:`CompressedCache`).
 
     Returns the cache and the selection time of each config (seconds).
     """
@@ -41,7 +44,7 @@ def stacked_cache(
         per_config.append(keep_masks(states, method, budget))
         times.append(time.perf_counter() - start)
     k = len(configs)
-    cache = CompressedCache(len(states), "full", 1.0, window=states[0].window)
+    cache = CompressedCache(len(states), "full", 1.0, window=states[0].window, **storage)
     cache.real_prompt_tokens = states[0].lengths.repeat(k)
     for i, (layer, state) in enumerate(zip(cache.compressed_layers, states, strict=True)):
         keep = torch.cat([masks[i] for masks in per_config], dim=0)
@@ -57,5 +60,7 @@ def row_kv_bytes(cache: CompressedCache) -> list[int]:
             raise ValueError("the cache holds no compressed prompt")
         entry = 2 * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
         per_row = layer.prefix.lengths.view(layer.batch_size, layer.num_kv_heads).sum(-1) * entry
+        if isinstance(layer.prefix, QuantizedPrefix):
+            per_row = layer.prefix.segment_bytes().view(layer.batch_size, layer.num_kv_heads).sum(-1)
         totals = per_row.tolist() if not totals else [a + b for a, b in zip(totals, per_row.tolist(), strict=True)]
     return [int(t) for t in totals]

@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="dtype of the Critical selections' value norms (default: each method's own, 'auto')",
     )
+    p.add_argument(
+        "--kv-bits", type=int, choices=[16, 8, 4], default=None, help="store the kept entries in 8 or 4 bits"
+    )
     add_head_scores_argument(p)
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
     p.add_argument(
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         norm_precision=args.norm_precision,
+        kv_bits=None if args.kv_bits in (None, 16) else args.kv_bits,
         qa_source=args.qa_source,
         dataset=args.dataset,
         data_dir=args.data_dir,

@@ -30,6 +30,11 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
         "--decode-budget", type=int, default=None, help="hold the cache at N entries per KV head while generating"
     )
     gen.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
+    gen.add_argument(
+        "--kv-bits", type=int, choices=[16, 8, 4], default=16, help="store the kept entries in 8 or 4 bits"
+    )
+    gen.add_argument("--kv-group-size", type=int, default=32, help="entries per quantization scale and zero point")
+    gen.add_argument("--kv-residual", type=int, default=None, help="newest tokens kept exact (default min(64, budget))")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_scores_argument(gen)
@@ -71,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         head_scores=head_scores,
         decode_budget=args.decode_budget,
         decode_interval=args.decode_interval,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        kv_residual=args.kv_residual,
         **extra,
     )
     record = {
@@ -90,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         "kv_bytes_final": result.kv_bytes_final,
         "decode_budget": result.decode_budget,
         "decode_interval": result.decode_interval,
+        "kv_bits": result.kv_bits,
+        "kv_bits_per_element": result.kv_bits_per_element,
         "ttft_s": result.ttft_s,
         "total_s": result.total_s,
         "load_s": load_s,

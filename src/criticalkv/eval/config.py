@@ -10,6 +10,7 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache.quant_spec import quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.headscores.file import load_head_scores
@@ -53,6 +54,8 @@ class SweepConfig:
     #: dtype of the Critical selections' ``||V W_O||`` (``None``: each method's own, ``"auto"``);
     #: in the identity only when set, so folders made before the option resume unchanged
     norm_precision: str | None = None
+    #: storage precision of the compressed rows (``None``: the model's dtype); in the identity only when set
+    kv_bits: int | None = None
     options: Any = None
     head_scores: str | None = None
     qa_source: InitVar[str | None] = None
@@ -97,6 +100,8 @@ class SweepConfig:
             raise ValueError("max_new_tokens must be at least 1")
         if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
+        if self.kv_bits is not None:
+            quantization_for(self.kv_bits)
 
     @property
     def bench(self) -> Benchmark:
@@ -114,6 +119,8 @@ class SweepConfig:
         identity = {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
         if self.norm_precision is not None:  # absent otherwise: folders made without the option keep their identity
             identity["norm_precision"] = self.norm_precision
+        if self.kv_bits is not None:
+            identity["kv_bits"] = self.kv_bits
         if self.head_scores is not None:
             identity["head_scores"] = head_scores_fingerprint(self.head_scores)
         return identity
@@ -131,8 +138,9 @@ class SweepConfig:
         """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
         data = asdict(self)
         options = data.pop("options")
-        if data["norm_precision"] is None:
-            del data["norm_precision"]
+        for optional in ("norm_precision", "kv_bits"):
+            if data[optional] is None:
+                del data[optional]
         data["out"] = str(self.out)
         if data["head_scores"] is None:
             del data["head_scores"]  # as configs were recorded before the option existed

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from criticalkv.budgets.resolve import Budget
+from criticalkv.cache.quant_spec import quantization_for, storage_options
 from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
@@ -171,13 +172,19 @@ class SampleEvaluator:
         metric = bind_metric(sample)
         # the full-cache reference first, then every pending config, all as rows of one batch
         rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
-        cache, compress_times = stacked_cache(states, [(self.methods[m], b) for m, b in rows])
+        storage = storage_options(quantization_for(config.kv_bits)) if config.kv_bits else {}
+        cache, compress_times = stacked_cache(states, [(self.methods[m], b) for m, b in rows], **storage)
         k = len(rows)
         kv_rows = row_kv_bytes(cache)
-        kv_full = kv_rows[0]
+        kv_full = cache.kv_bytes_full() // k  # one row's uncompressed cache in the model's dtype
         batch_mask = mask.expand(k, -1)
         first_logits = last_logits.expand(k, -1) if aware else None
         logprobs = teacher_forced_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
+        reference = logprobs[0]
+        if storage:  # quantized rows are measured against the unquantized full cache
+            full_cache, _ = stacked_cache(states, [(self.methods["full"], 1.0)])
+            ref_first = None if first_logits is None else first_logits[:1]
+            reference = teacher_forced_logprobs(model, full_cache, mask, suffix, len(gold), ref_first)[0]
         t1 = time.perf_counter()
         full_ids, full_mask = ids.expand(k, -1), batch_mask
         if aware:
@@ -195,7 +202,7 @@ class SampleEvaluator:
             if row == 0 and ("full", 1.0) not in pending:
                 continue
             answer, cut = answers[row], counts[row]
-            fid = fidelity(logprobs[row], logprobs[0], gold)
+            fid = fidelity(logprobs[row], reference, gold)
             records.append(
                 {
                     **record_key(sample.task, length, sample.index, method, budget),
@@ -217,6 +224,7 @@ class SampleEvaluator:
                     "batch_decode_s": decode_s,
                     "batch_rows": k,
                     "new_tokens": cut,
+                    **({"kv_bits": config.kv_bits} if storage else {}),
                     "meta": sample.meta,
                 }
             )
