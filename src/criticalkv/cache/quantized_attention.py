@@ -55,16 +55,17 @@ def add_blocks(
     used: int,
     dtype: torch.dtype,
     mask: torch.Tensor | None = None,
-    tile_blocks: int = TILE_BLOCKS,
+    tile_blocks: int | None = None,
 ) -> None:
-    """Fold the first ``used`` blocks in, ``tile_blocks`` at a time.
+    """Fold the first ``used`` blocks in, ``tile_blocks`` (default :data:`TILE_BLOCKS`) at a time.
 
     ``mask`` is (n, Q, used * G) bool over the blocks' columns (True = attend), or ``None``; the
     blocks' own padding (``blocks.valid``) is masked as well.
     """
     g = blocks.group
-    for start in range(0, used, tile_blocks):
-        stop = min(used, start + tile_blocks)
+    step = TILE_BLOCKS if tile_blocks is None else tile_blocks
+    for start in range(0, used, step):
+        stop = min(used, start + step)
         keys, values = blocks.dequantize(start, stop, dtype)
         allowed = None
         valid = blocks.valid_columns(start, stop)
