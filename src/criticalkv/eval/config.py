@@ -10,6 +10,7 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.headscores.file import load_head_scores
@@ -53,6 +54,11 @@ class SweepConfig:
     #: dtype of the Critical selections' ``||V W_O||`` (``None``: each method's own, ``"auto"``);
     #: in the identity only when set, so folders made before the option resume unchanged
     norm_precision: str | None = None
+    #: hold each compressed cache at this many entries per KV head while it decodes and while the
+    #: answer is teacher-forced (``None``: every generated token kept); in the identity only when set
+    decode_budget: int | None = None
+    #: re-select after this many new entries per head (``None``: 64 when ``decode_budget`` is set)
+    decode_interval: int | None = None
     options: Any = None
     head_scores: str | None = None
     qa_source: InitVar[str | None] = None
@@ -97,6 +103,21 @@ class SweepConfig:
             raise ValueError("max_new_tokens must be at least 1")
         if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
+        self._check_decode()
+
+    def _check_decode(self) -> None:
+        if self.decode_budget is None:
+            if self.decode_interval is not None:
+                raise ValueError(
+                    "a decode interval needs a decode budget: give decode_budget too, or drop the interval"
+                )
+            return
+        if self.decode_interval is None:
+            self.decode_interval = DEFAULT_INTERVAL
+        window = int(self.window or 0)
+        for method in self.methods:
+            if method != "full":  # the full cache is the reference: it keeps every entry
+                check_decode_budget(get_method(method), window, self.decode_budget, self.decode_interval)
 
     @property
     def bench(self) -> Benchmark:
@@ -114,6 +135,8 @@ class SweepConfig:
         identity = {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
         if self.norm_precision is not None:  # absent otherwise: folders made without the option keep their identity
             identity["norm_precision"] = self.norm_precision
+        if self.decode_budget is not None:  # likewise: a decode budget is another run
+            identity["decode_budget"], identity["decode_interval"] = self.decode_budget, self.decode_interval
         if self.head_scores is not None:
             identity["head_scores"] = head_scores_fingerprint(self.head_scores)
         return identity
@@ -133,6 +156,9 @@ class SweepConfig:
         options = data.pop("options")
         if data["norm_precision"] is None:
             del data["norm_precision"]
+        for key in ("decode_budget", "decode_interval"):
+            if data[key] is None:
+                del data[key]
         data["out"] = str(self.out)
         if data["head_scores"] is None:
             del data["head_scores"]  # as configs were recorded before the option existed
