@@ -116,6 +116,9 @@ def load_steps(folders: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
             if mine["token"] != theirs["token"]:
                 raise ValueError(f"the full caches of the folders disagree at position {mine['position']}")
             mine.update({k: v for k, v in theirs.items() if not k.startswith("full/")})
+            # each cache's step against the full cache's step of its own process (same moment, same load)
+            timed = [k[: -len("/ms")] for k in theirs if k.endswith("/ms") and not k.startswith("full/")]
+            mine.update({f"{name}/full_ms": theirs["full/ms"] for name in timed})
     for key in merged[0] if merged else []:
         name = key.split("/")[0]
         if "/" in key and name not in names:
@@ -142,6 +145,7 @@ def summarise(steps: list[dict[str, Any]], names: list[str], entry_bytes: int) -
             row[name] = {
                 "kv_mib_max": max(r[f"{name}/kv_bytes_peak"] for r in chunk) / 2**20,
                 "ms": timing([r[f"{name}/ms"] for r in chunk]),
+                "over_full": statistics.median(r[f"{name}/ms"] / r.get(f"{name}/full_ms", r["full/ms"]) for r in chunk),
                 "nll_increase": statistics.fmean(r[f"{name}/nll"] for r in chunk) - full_nll,
                 "top1": statistics.fmean(r[f"{name}/top1"] for r in chunk),
                 "kl": statistics.fmean(r[f"{name}/kl"] for r in chunk),
@@ -162,6 +166,10 @@ def summarise(steps: list[dict[str, Any]], names: list[str], entry_bytes: int) -
         if all(f"step{at}" in info for at in COMPARE):
             late, early = (info[f"step{at}"] for at in reversed(COMPARE))
             info["late_over_early"] = {k: late[k] / early[k] for k in ("median", "p10")}
+        if "step500" in info and len(steps) >= COMPARE[0] + 3 * HALF:  # a run stopped early: its last steps
+            info["last_steps"] = [len(steps) - 2 * HALF, len(steps)]
+            last = timing([r[f"{name}/ms"] for r in steps[-2 * HALF :]])
+            info["last_over_step500"] = {k: last[k] / info["step500"][k] for k in ("median", "p10")}
         out["caches"][name] = info
     return out
 
@@ -169,15 +177,15 @@ def summarise(steps: list[dict[str, Any]], names: list[str], entry_bytes: int) -
 def markdown(summary: dict[str, Any], names: list[str]) -> str:
     """The bucket table and the per-cache target table."""
     lines = [
-        "| bucket | cache | KV MiB (max) | ms/token median (p10) | NLL increase | top-1 | KL |",
-        "|---" * 7 + "|",
+        "| bucket | cache | KV MiB (max) | ms/token median (p10) | ms / full's | NLL increase | top-1 | KL |",
+        "|---" * 8 + "|",
     ]
     for row in summary["buckets"]:
         for name in names:
             m = row[name]
             lines.append(
                 f"| {row['bucket']} | {name} | {m['kv_mib_max']:.2f} | {m['ms']['median']:.1f} ({m['ms']['p10']:.1f}) "
-                f"| {m['nll_increase']:+.4f} | {m['top1']:.3f} | {m['kl']:.4f} |"
+                f"| {m['over_full']:.3f} | {m['nll_increase']:+.4f} | {m['top1']:.3f} | {m['kl']:.4f} |"
             )
     lines += [
         "",
@@ -191,8 +199,10 @@ def markdown(summary: dict[str, Any], names: list[str]) -> str:
         def at(key: str, c: dict[str, Any] = c) -> str:
             return f"{c[key]['median']:.1f} ({c[key]['p10']:.1f})" if key in c else "-"
 
-        ratio = c.get("late_over_early")
+        ratio = c.get("late_over_early") or c.get("last_over_step500")
         ratio_s = f"{ratio['median']:.3f} ({ratio['p10']:.3f})" if ratio else "-"
+        if "late_over_early" not in c and ratio:
+            ratio_s += " (steps {}-{} / 500)".format(*c["last_steps"])
         lines.append(
             f"| {name} | {c['peak_entries_per_head']:.1f} | {c['decode_s']:.1f} | {100 * c['reselect_share']:.2f}% "
             f"| {at('step500')} | {at('step4000')} | {ratio_s} |"
