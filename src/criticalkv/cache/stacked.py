@@ -15,6 +15,7 @@ import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache.decode_compression import DecodeCompression
 from criticalkv.cache.quantized_prefix import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
@@ -50,6 +51,25 @@ def stacked_cache(
         keep = torch.cat([masks[i] for masks in per_config], dim=0)
         layer.set_prefix(state.keys.expand(k, -1, -1, -1), state.values.expand(k, -1, -1, -1), keep)
     return cache, times
+
+
+def decode_budget_cache(
+    states: Sequence[LayerState], method: Method, budget: Budget, decode_budget: int, decode_interval: int
+) -> tuple[CompressedCache, float]:
+    """A one-row cache of the prompt of ``states`` compressed by ``method`` at ``budget``, then held at
+    ``decode_budget`` entries per KV head while it decodes (see
+    :class:`~criticalkv.cache.decode_compression.DecodeCompression`).
+
+    A decode budget re-selects with one method per cache, so such a config is not stacked with
+    others. Returns the cache and the prompt's selection time (seconds).
+    """
+    cache, times = stacked_cache(states, [(method, budget)])
+    held = DecodeCompression(method, decode_budget, decode_interval, cache.window, len(states))
+    held.install(cache.compressed_layers)
+    for layer, state in zip(cache.compressed_layers, states, strict=True):
+        held.after_prefill(layer, state)
+    cache.decode = held
+    return cache, times[0]
 
 
 def row_kv_bytes(cache: CompressedCache) -> list[int]:

@@ -51,6 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-bits", type=int, choices=[16, 8, 4], default=None, help="store the kept entries in 8 or 4 bits"
     )
+    p.add_argument(
+        "--decode-budget",
+        type=int,
+        default=None,
+        help="hold each compressed cache at N entries per KV head while it decodes (and while the answer is scored)",
+    )
+    p.add_argument(
+        "--decode-interval", type=int, default=None, help="re-select after K new entries per head (default 64)"
+    )
     add_head_scores_argument(p)
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
     p.add_argument(
@@ -64,7 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.eval.config import SweepConfig
     from criticalkv.eval.report import build_report
     from criticalkv.eval.store import check_run
 
@@ -75,7 +83,29 @@ def run(args: argparse.Namespace) -> int:
     head_scores = check_head_scores(args.head_scores)
     if head_scores is not None:
         kwargs["head_scores"] = str(head_scores)
-    config = SweepConfig(
+    try:
+        config = _config(args, tasks, kwargs)
+    except (TypeError, ValueError) as err:
+        if args.decode_budget is None and args.decode_interval is None:
+            raise
+        message = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
+        raise UsageError(message) from None
+    if args.dataset:  # say how many lines of each task run (--samples is per task)
+        from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
+
+        print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
+    check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
+    scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
+    text, plots = build_report(args.out, buckets=args.longbench_e)
+    print(text)
+    print("plots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:
+    from criticalkv.eval.config import SweepConfig
+
+    return SweepConfig(
         out=args.out,
         benchmark="dataset" if args.dataset else args.benchmark,
         tasks=tasks if not args.dataset else [],
@@ -90,19 +120,11 @@ def run(args: argparse.Namespace) -> int:
         chat=not args.no_chat,
         norm_precision=args.norm_precision,
         kv_bits=None if args.kv_bits in (None, 16) else args.kv_bits,
+        decode_budget=args.decode_budget,
+        decode_interval=args.decode_interval,
         qa_source=args.qa_source,
         dataset=args.dataset,
         data_dir=args.data_dir,
         longbench_e=args.longbench_e,
         **kwargs,
     )
-    if args.dataset:  # say how many lines of each task run (--samples is per task)
-        from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
-
-        print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
-    check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
-    scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
-    text, plots = build_report(args.out, buckets=args.longbench_e)
-    print(text)
-    print("plots: " + ", ".join(str(p) for p in plots))
-    return 0

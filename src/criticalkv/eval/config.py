@@ -10,6 +10,7 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.quant_spec import quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
@@ -56,6 +57,11 @@ class SweepConfig:
     norm_precision: str | None = None
     #: storage precision of the compressed rows (``None``: the model's dtype); in the identity only when set
     kv_bits: int | None = None
+    #: hold each compressed cache at this many entries per KV head while it decodes and while the
+    #: answer is teacher-forced (``None``: every generated token kept); in the identity only when set
+    decode_budget: int | None = None
+    #: re-select after this many new entries per head (``None``: 64 when ``decode_budget`` is set)
+    decode_interval: int | None = None
     options: Any = None
     head_scores: str | None = None
     qa_source: InitVar[str | None] = None
@@ -102,6 +108,23 @@ class SweepConfig:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
         if self.kv_bits is not None:
             quantization_for(self.kv_bits)
+        if self.kv_bits is not None and self.decode_budget is not None:
+            raise ValueError("quantized storage (kv_bits) and a decode budget cannot be combined yet: drop one of them")
+        self._check_decode()
+
+    def _check_decode(self) -> None:
+        if self.decode_budget is None:
+            if self.decode_interval is not None:
+                raise ValueError(
+                    "a decode interval needs a decode budget: give decode_budget too, or drop the interval"
+                )
+            return
+        if self.decode_interval is None:
+            self.decode_interval = DEFAULT_INTERVAL
+        window = int(self.window or 0)
+        for method in self.methods:
+            if method != "full":  # the full cache is the reference: it keeps every entry
+                check_decode_budget(get_method(method), window, self.decode_budget, self.decode_interval)
 
     @property
     def bench(self) -> Benchmark:
@@ -121,6 +144,8 @@ class SweepConfig:
             identity["norm_precision"] = self.norm_precision
         if self.kv_bits is not None:
             identity["kv_bits"] = self.kv_bits
+        if self.decode_budget is not None:  # likewise: a decode budget is another run
+            identity["decode_budget"], identity["decode_interval"] = self.decode_budget, self.decode_interval
         if self.head_scores is not None:
             identity["head_scores"] = head_scores_fingerprint(self.head_scores)
         return identity
@@ -138,7 +163,7 @@ class SweepConfig:
         """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
         data = asdict(self)
         options = data.pop("options")
-        for optional in ("norm_precision", "kv_bits"):
+        for optional in ("norm_precision", "kv_bits", "decode_budget", "decode_interval"):
             if data[optional] is None:
                 del data[optional]
         data["out"] = str(self.out)

@@ -18,7 +18,7 @@ import torch
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.quant_spec import quantization_for, storage_options
-from criticalkv.cache.stacked import row_kv_bytes, stacked_cache
+from criticalkv.eval.decode_rows import Continuation, decode_rows, reference_logprobs
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
@@ -26,15 +26,7 @@ from criticalkv.eval.store import is_done, result_key
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
-from criticalkv.runtime import (
-    append_tokens,
-    continue_generation,
-    decode_answers,
-    eos_ids,
-    input_device,
-    prefill,
-    teacher_forced_logprobs,
-)
+from criticalkv.runtime import eos_ids, input_device, prefill
 from criticalkv.scores.queries import resolve_num_queries
 
 if TYPE_CHECKING:
@@ -120,6 +112,10 @@ class SampleEvaluator:
         for bound in self.methods.values():
             needs = needs.merge(bound.needs)
         self.queries_needed = needs.queries
+        budget, interval = config.decode_budget, config.decode_interval
+        #: (decode budget, interval) every compressed row is held at while it decodes, or ``None``
+        self.decode = None if budget is None or interval is None else (budget, interval)
+        self.decode_fields = {} if self.decode is None else {"decode_budget": budget, "decode_interval": interval}
 
     def run_or_skip(
         self, length: int, sample: Sample, pending: Sequence[Pair]
@@ -144,8 +140,7 @@ class SampleEvaluator:
         gold = list(tokenizer(_gold_text(sample), add_special_tokens=False)["input_ids"])
         aware = config.mode == "question-aware"
         prompt = ctx + qst if aware else ctx
-        max_new = min(sample.max_new_tokens, self.cap)
-        positions_needed = len(ctx) + len(qst) + max(max_new, len(gold))
+        positions_needed = len(ctx) + len(qst) + max(min(sample.max_new_tokens, self.cap), len(gold))
         if self.limit is not None and positions_needed > self.limit:
             what = f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template "
             advice = "shorten it" if config.bench.per_sample_length else "lower --lengths"
@@ -168,41 +163,32 @@ class SampleEvaluator:
             model, ids, mask, window=self.window, num_queries=resolve_num_queries(self.queries_needed, len(prompt))
         )
         prefill_s = time.perf_counter() - started
-        suffix = gold if aware else qst + gold
         metric = bind_metric(sample)
-        # the full-cache reference first, then every pending config, all as rows of one batch
+        after = Continuation(
+            ids=ids,
+            mask=mask,
+            last_logits=last_logits,
+            question=[] if aware else list(qst),
+            suffix=gold if aware else qst + gold,
+            answer_len=len(gold),
+            max_new_tokens=min(sample.max_new_tokens, self.cap),
+            aware=aware,
+        )
+        # the full-cache reference first, then every pending config
         rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
+        configs = [(self.methods[m], b) for m, b in rows]
         storage = storage_options(quantization_for(config.kv_bits)) if config.kv_bits else {}
-        cache, compress_times = stacked_cache(states, [(self.methods[m], b) for m, b in rows], **storage)
-        k = len(rows)
-        kv_rows = row_kv_bytes(cache)
-        kv_full = cache.kv_bytes_full() // k  # one row's uncompressed cache in the model's dtype
-        batch_mask = mask.expand(k, -1)
-        first_logits = last_logits.expand(k, -1) if aware else None
-        logprobs = teacher_forced_logprobs(model, cache.fork(), batch_mask, suffix, len(gold), first_logits)
-        reference = logprobs[0]
-        if storage:  # quantized rows are measured against the unquantized full cache
-            full_cache, _ = stacked_cache(states, [(self.methods["full"], 1.0)])
-            ref_first = None if first_logits is None else first_logits[:1]
-            reference = teacher_forced_logprobs(model, full_cache, mask, suffix, len(gold), ref_first)[0]
-        t1 = time.perf_counter()
-        full_ids, full_mask = ids.expand(k, -1), batch_mask
-        if aware:
-            first = last_logits.argmax(-1).expand(k)
-        else:
-            q = torch.tensor([qst], dtype=torch.long, device=device).expand(k, -1)
-            out, full_mask = append_tokens(model, cache, batch_mask, q)
-            full_ids = torch.cat([full_ids, q], 1)
-            first = out.logits[:, -1].argmax(-1)
-        generated = continue_generation(model, cache, full_ids, full_mask, first, max_new, pad_token_id=self.pad_id)
-        decode_s = time.perf_counter() - t1
-        answers, counts = decode_answers(tokenizer, generated, self.eos)
+        outcomes = decode_rows(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
+        # quantized rows are measured against the unquantized full cache
+        reference = reference_logprobs(model, states, after, self.methods["full"]) if storage else outcomes[0].logprobs
         records = []
         for row, (method, budget) in enumerate(rows):
             if row == 0 and ("full", 1.0) not in pending:
                 continue
-            answer, cut = answers[row], counts[row]
-            fid = fidelity(logprobs[row], reference, gold)
+            done = outcomes[row]
+            answer = done.answer
+            fid = fidelity(done.logprobs, reference, gold)
+            extra = {} if done.kv_bytes_peak is None else {"kv_bytes_peak": done.kv_bytes_peak, **self.decode_fields}
             records.append(
                 {
                     **record_key(sample.task, length, sample.index, method, budget),
@@ -217,13 +203,14 @@ class SampleEvaluator:
                     "answers": sample.answers,
                     "context_tokens": len(ctx),
                     "prompt_tokens": len(prompt),
-                    "kv_bytes": kv_rows[row],
-                    "kv_bytes_full": kv_full,
+                    "kv_bytes": done.kv_bytes,
+                    "kv_bytes_full": outcomes[0].kv_bytes,
                     "prefill_s": prefill_s,
-                    "compress_s": compress_times[row],
-                    "batch_decode_s": decode_s,
-                    "batch_rows": k,
-                    "new_tokens": cut,
+                    "compress_s": done.compress_s,
+                    "batch_decode_s": done.decode_s,
+                    "batch_rows": done.batch_rows,
+                    "new_tokens": done.new_tokens,
+                    **extra,
                     **({"kv_bits": config.kv_bits} if storage else {}),
                     "meta": sample.meta,
                 }

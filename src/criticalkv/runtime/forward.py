@@ -114,6 +114,8 @@ def teacher_forced_logprobs(
     suffix: Sequence[int],
     answer_len: int,
     first_logits: torch.Tensor | None,
+    *,
+    one_token_steps: bool = False,
 ) -> torch.Tensor:
     """(B, answer_len, V) float32 log-probabilities of each gold answer position, teacher-forced.
 
@@ -121,8 +123,15 @@ def teacher_forced_logprobs(
     cached tokens: the question (question-agnostic mode) then the gold answer. With
     ``first_logits`` (B, V) (question-aware mode: the prefill's last logits) the suffix is the
     answer alone and its first token is predicted by those logits. Every row gets the same suffix.
+
+    ``one_token_steps``: feed the question in one forward, then the answer one token per forward,
+    as decoding does, instead of the whole suffix in one forward; a cache held at a decode budget
+    (:mod:`criticalkv.cache.decode_compression`) then re-selects between answer tokens exactly as
+    while generating, so each answer token sees what a generated token would have seen.
     """
     ids = torch.tensor([list(suffix)], dtype=torch.long, device=prompt_mask.device).expand(prompt_mask.shape[0], -1)
+    if one_token_steps:
+        return _stepwise_logprobs(model, cache, prompt_mask, ids, answer_len, first_logits)
     out, _ = append_tokens(model, cache, prompt_mask, ids)
     logits = out.logits.float()
     if first_logits is not None:
@@ -131,6 +140,28 @@ def teacher_forced_logprobs(
         start = len(suffix) - answer_len - 1
         picked = logits[:, start : start + answer_len]
     return torch.log_softmax(picked, dim=-1)
+
+
+def _stepwise_logprobs(
+    model: Any,
+    cache: Any,
+    mask: torch.Tensor,
+    ids: torch.Tensor,
+    answer_len: int,
+    first_logits: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`teacher_forced_logprobs` with the answer fed one token per forward."""
+    head = int(ids.shape[1]) - answer_len  # the question (question-agnostic mode), else 0
+    if first_logits is None and head < 1:
+        raise ValueError("without first_logits the suffix must hold the question before the answer")
+    pieces = [] if first_logits is None else [first_logits.float()[:, None, :]]
+    if head:
+        out, mask = append_tokens(model, cache, mask, ids[:, :head])
+        pieces.append(out.logits[:, -1:].float())
+    for i in range(head, int(ids.shape[1]) - 1):  # the last answer token predicts nothing we score
+        out, mask = append_tokens(model, cache, mask, ids[:, i : i + 1])
+        pieces.append(out.logits[:, -1:].float())
+    return torch.log_softmax(torch.cat(pieces, dim=1), dim=-1)
 
 
 @torch.no_grad()
