@@ -19,6 +19,10 @@ import numpy as np
 RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 0
+#: the fewest paired samples from which a paired interval is read as telling a difference from zero:
+#: a percentile bootstrap of a handful of values only reshuffles those values (with 2 samples its
+#: "interval" is the range of 2 numbers), so below this the report says "too few samples to tell"
+MIN_PAIRED_SAMPLES = 10
 
 #: the summary columns :func:`cell_intervals` fills, per measured column
 INTERVAL_COLUMNS = {name: (f"{name}_ci_low", f"{name}_ci_high") for name in ("score", "nll_increase", "top1")}
@@ -118,10 +122,17 @@ def distinguishable(low: float, high: float) -> bool:
     return not (math.isnan(low) or math.isnan(high)) and (low > 0 or high < 0)
 
 
-def describe_difference(diff: Mapping[str, float]) -> str:
-    """One line: the paired differences with their intervals and whether each is told from zero."""
+def describe_difference(diff: Mapping[str, float], *, min_samples: int = MIN_PAIRED_SAMPLES) -> str:
+    """One line: the paired differences with their intervals and whether each is told from zero.
+
+    With fewer than ``min_samples`` paired samples (default :data:`MIN_PAIRED_SAMPLES`) the
+    intervals are still printed but no verdict is drawn: "too few samples to tell (n=...)".
+    """
+    n = int(diff["n"])
 
     def verdict(low: float, high: float) -> str:
+        if n < min_samples:
+            return f"too few samples to tell (n={n} < {min_samples})"
         return "distinguishable from 0" if distinguishable(low, high) else "not distinguishable from 0"
 
     return (
