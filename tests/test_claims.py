@@ -137,6 +137,9 @@ def test_performance_rows_and_the_whole_document(tmp_path: Path) -> None:
     ]
     assert claims.main([*args, "--out", str(out)]) == 0
     text = out.read_text()
+    out.write_text(text + "\n" + claims.NOTES + "\nmy notes\n")
+    assert claims.main([*args, "--out", str(out)]) == 0
+    assert out.read_text() == text + "\n" + claims.NOTES + "\nmy notes\n"  # regenerated, notes kept
     assert text.count("\n| ") == 1 + 2 + 3 + 2  # header, RULER, perturbation, performance rows
     assert "criticalkv perturbation --out P" in text and f"--out {tmp_path / 'r'}" in text
     with pytest.raises(SystemExit):
