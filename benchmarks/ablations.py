@@ -114,7 +114,8 @@ def table(records: Sequence[dict[str, Any]], fidelity_only: bool = False) -> tup
                             _interval(diff["score_diff"], diff["score_diff_low"], diff["score_diff_high"], 1, True),
                             _verdict(diff, "score_diff_low", "score_diff_high"),
                         ]
-                lines.append(f"| {base} | {b} | {label} | " + " | ".join(cells + paired) + " |")
+                variant = label.replace("|", "\\|")  # the norms' bars would split the markdown cell
+                lines.append(f"| {base} | {b} | {variant} | " + " | ".join(cells + paired) + " |")
     per_task: dict[str, int] = {}
     for task, _, _ in shared:
         per_task[task] = per_task.get(task, 0) + 1
