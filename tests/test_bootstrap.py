@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from criticalkv.eval.bootstrap import (
+    MIN_PAIRED_SAMPLES,
     cell_intervals,
     describe_difference,
     distinguishable,
@@ -97,10 +98,28 @@ def test_paired_difference_uses_only_shared_samples() -> None:
     records = [r for r in _records() if not (r["method"] == "snapkv" and r["index"] >= 6)]
     diff = paired_differences(records)[("critical-snapkv", 0.2)]
     assert diff["n"] == 12
-    same = [_record(m, 0.2, "a", i, 0.5, 1.0) for m in ("snapkv", "critical-snapkv") for i in range(5)]
+    same = [_record(m, 0.2, "a", i, 0.5, 1.0) for m in ("snapkv", "critical-snapkv") for i in range(MIN_PAIRED_SAMPLES)]
     zero = paired_differences(same)[("critical-snapkv", 0.2)]
     assert zero["score_diff_low"] == zero["score_diff_high"] == 0.0
     assert "not distinguishable from 0" in describe_difference(zero)
+
+
+def test_too_few_paired_samples_draw_no_verdict_but_keep_the_interval() -> None:
+    # two samples with a large, consistent gain: the bootstrap interval excludes 0, yet 2 values say nothing
+    few = [r for r in _records() if r["task"] == "a" and r["index"] < 2]
+    for r in few:
+        if r["method"] == "critical-snapkv":
+            r["score"], r["nll"] = 1.0, 0.5
+        elif r["method"] == "snapkv":
+            r["score"] = 0.0
+    diff = paired_differences(few)[("critical-snapkv", 0.2)]
+    assert diff["n"] == 2 and distinguishable(diff["score_diff_low"], diff["score_diff_high"])
+    line = describe_difference(diff)
+    assert "too few samples to tell (n=2" in line and "distinguishable" not in line
+    assert f"[{diff['score_diff_low']:+.1f}, {diff['score_diff_high']:+.1f}]" in line
+    assert "distinguishable from 0" in describe_difference(diff, min_samples=2)
+    enough = paired_differences(_records())[("critical-snapkv", 0.2)]
+    assert enough["n"] >= MIN_PAIRED_SAMPLES and "too few" not in describe_difference(enough)
 
 
 def test_summary_rows_carry_intervals_around_their_values() -> None:

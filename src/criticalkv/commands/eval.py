@@ -33,7 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[1024],
         help="context lengths in tokens, e.g. 1024,2048 (LongBench: max prompt tokens, middle-truncated)",
     )
-    p.add_argument("--methods", type=methods_arg, default=None, help="comma-separated methods")
+    p.add_argument(
+        "--methods",
+        type=methods_arg,
+        default=None,
+        help="comma-separated methods, each NAME or NAME:KEY=VALUE[:KEY=VALUE...] with options of its parts "
+        "(e.g. critical-snapkv:eps=0); a spec is recorded under its canonical name",
+    )
     p.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2, 0.4])
     p.add_argument("--samples", type=int, default=10, help="samples per (task, length)")
     p.add_argument("--mode", choices=MODES, default="question-aware")

@@ -19,6 +19,10 @@ import numpy as np
 RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 0
+#: the fewest paired samples from which a paired interval is read as telling a difference from zero:
+#: a percentile bootstrap of a handful of values only reshuffles those values (with 2 samples its
+#: "interval" is the range of 2 numbers), so below this the report says "too few samples to tell"
+MIN_PAIRED_SAMPLES = 10
 
 #: the summary columns :func:`cell_intervals` fills, per measured column
 INTERVAL_COLUMNS = {name: (f"{name}_ci_low", f"{name}_ci_high") for name in ("score", "nll_increase", "top1")}
@@ -74,42 +78,64 @@ def _sample_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
     return record["task"], record["length"], record["index"]
 
 
+def paired_difference(
+    mine: Mapping[tuple[Any, ...], Mapping[str, Any]],
+    base: Mapping[tuple[Any, ...], Mapping[str, Any]],
+    **options: Any,
+) -> dict[str, float] | None:
+    """``mine`` minus ``base`` on the samples both have (records keyed by (task, length, index)).
+
+    The score difference is in percentage points, its mean over per-task means (as the report's
+    ``average``), its interval stratified by task; the NLL difference is a plain mean. Returns
+    ``{"n", "score_diff", "score_diff_low", "score_diff_high", "nll_diff", "nll_diff_low",
+    "nll_diff_high"}``, or ``None`` when no sample is shared.
+    """
+    shared = sorted(set(mine) & set(base), key=str)
+    if not shared:
+        return None
+    score: dict[str, list[float]] = defaultdict(list)
+    nll: list[float] = []
+    for key in shared:
+        score[key[0]].append(100 * (mine[key]["score"] - base[key]["score"]))
+        nll.append(mine[key]["nll"] - base[key]["nll"])
+    score_low, score_high = stratified_interval(list(score.values()), **options)
+    nll_low, nll_high = stratified_interval([nll], **options)
+    return {
+        "n": float(len(shared)),
+        "score_diff": float(np.mean([np.mean(v) for v in score.values()])),
+        "score_diff_low": score_low,
+        "score_diff_high": score_high,
+        "nll_diff": float(np.mean(nll)),
+        "nll_diff_low": nll_low,
+        "nll_diff_high": nll_high,
+    }
+
+
+def by_config(
+    records: Sequence[Mapping[str, Any]], length: str = "all"
+) -> dict[tuple[str, Any], dict[tuple[Any, ...], Mapping[str, Any]]]:
+    """Records grouped as ``{(method, budget): {(task, length, index): record}}`` (one length, or all)."""
+    out: dict[tuple[str, Any], dict[tuple[Any, ...], Mapping[str, Any]]] = defaultdict(dict)
+    for r in records:
+        if length == "all" or str(r["length"]) == length:
+            out[(r["method"], r["budget"])][_sample_key(r)] = r
+    return out
+
+
 def paired_differences(
     records: Sequence[Mapping[str, Any]], length: str = "all", **options: Any
 ) -> dict[tuple[str, Any], dict[str, float]]:
-    """For each ``critical-X`` and budget: ``critical-X`` minus ``X`` on the samples both ran.
-
-    Per shared sample (task, length, index) the differences of the score (percentage points) and
-    of the NLL; the mean difference of the score averages per-task means, as the report's
-    ``average`` does. Returns ``{(method, budget): {"n", "score_diff", "score_diff_low",
-    "score_diff_high", "nll_diff", "nll_diff_low", "nll_diff_high"}}``.
-    """
-    chosen = [r for r in records if length == "all" or str(r["length"]) == length]
-    by_config: dict[tuple[str, Any], dict[tuple[Any, ...], Mapping[str, Any]]] = defaultdict(dict)
-    for r in chosen:
-        by_config[(r["method"], r["budget"])][_sample_key(r)] = r
+    """For each ``critical-X`` and budget: ``critical-X`` minus ``X`` on the samples both ran
+    (:func:`paired_difference`), as ``{(method, budget): difference}``."""
+    configs = by_config(records, length)
     out: dict[tuple[str, Any], dict[str, float]] = {}
-    for (method, budget), mine in by_config.items():
-        base = by_config.get((method.removeprefix("critical-"), budget)) if method.startswith("critical-") else None
-        shared = sorted(set(mine) & set(base or {}), key=str)
-        if base is None or not shared:
+    for (method, budget), mine in configs.items():
+        if not method.startswith("critical-"):
             continue
-        score: dict[str, list[float]] = defaultdict(list)
-        nll: list[float] = []
-        for key in shared:
-            score[key[0]].append(100 * (mine[key]["score"] - base[key]["score"]))
-            nll.append(mine[key]["nll"] - base[key]["nll"])
-        score_low, score_high = stratified_interval(list(score.values()), **options)
-        nll_low, nll_high = stratified_interval([nll], **options)
-        out[(method, budget)] = {
-            "n": float(len(shared)),
-            "score_diff": float(np.mean([np.mean(v) for v in score.values()])),
-            "score_diff_low": score_low,
-            "score_diff_high": score_high,
-            "nll_diff": float(np.mean(nll)),
-            "nll_diff_low": nll_low,
-            "nll_diff_high": nll_high,
-        }
+        base = configs.get((method.removeprefix("critical-"), budget))
+        diff = paired_difference(mine, base, **options) if base is not None else None
+        if diff is not None:
+            out[(method, budget)] = diff
     return out
 
 
@@ -118,10 +144,17 @@ def distinguishable(low: float, high: float) -> bool:
     return not (math.isnan(low) or math.isnan(high)) and (low > 0 or high < 0)
 
 
-def describe_difference(diff: Mapping[str, float]) -> str:
-    """One line: the paired differences with their intervals and whether each is told from zero."""
+def describe_difference(diff: Mapping[str, float], *, min_samples: int = MIN_PAIRED_SAMPLES) -> str:
+    """One line: the paired differences with their intervals and whether each is told from zero.
+
+    With fewer than ``min_samples`` paired samples (default :data:`MIN_PAIRED_SAMPLES`) the
+    intervals are still printed but no verdict is drawn: "too few samples to tell (n=...)".
+    """
+    n = int(diff["n"])
 
     def verdict(low: float, high: float) -> str:
+        if n < min_samples:
+            return f"too few samples to tell (n={n} < {min_samples})"
         return "distinguishable from 0" if distinguishable(low, high) else "not distinguishable from 0"
 
     return (

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from criticalkv.methods.method import Method
+from criticalkv.methods.spec import format_spec, parse_spec
 
 _REGISTRY: dict[str, Callable[[], Method]] = {}
 
@@ -30,11 +32,20 @@ def available_methods() -> list[str]:
 def get_method(name: str | Method, **options: Any) -> Method:
     """The method registered as ``name`` (a :class:`Method` is taken as is), with ``options``
     replacing parameters of its parts (see :meth:`Method.with_options`), e.g.
-    ``get_method("critical-adakv", precision="exact")``."""
+    ``get_method("critical-adakv", precision="exact")``.
+
+    ``name`` may be a spec with options, ``"critical-snapkv:eps=0:alpha=0.25"``
+    (:mod:`criticalkv.methods.spec`): the method is then named by the spec's canonical spelling.
+    """
     if isinstance(name, Method):
         method = name
-    elif isinstance(name, str) and name in _REGISTRY:
-        method = _REGISTRY[name]()
+    elif isinstance(name, str):
+        base, spec_options = parse_spec(name)
+        if base not in _REGISTRY:
+            raise ValueError(f"unknown method {base!r}; choose one of: {', '.join(_REGISTRY)}")
+        method = _REGISTRY[base]()
+        if spec_options:
+            method = dataclasses.replace(method.with_options(**spec_options), name=format_spec(base, spec_options))
     else:
         raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(_REGISTRY)}")
     return method.with_options(**options) if options else method

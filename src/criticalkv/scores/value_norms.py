@@ -133,3 +133,14 @@ def gram_value_norms(values: torch.Tensor, o_proj_weight: torch.Tensor, *, preci
         quadratic = (torch.matmul(v, gram[None, :, j]).float() * v.float()).sum(-1)  # (B, H_kv, T)
         out += quadratic.clamp_min_(0.0).sqrt_()
     return out / g
+
+
+def plain_value_norms(values: torch.Tensor, *, p: int = 1) -> torch.Tensor:
+    """``||V_i||_p`` per KV head, without the output projection: the ablation of CriticalKV's
+    ``W_O`` (the bound of Feng et al. 2025, Eq. 7, with ``W_O`` taken as the identity).
+
+    ``values`` (B, H_kv, T, d); returns (B, H_kv, T) float32.
+    """
+    if p not in (1, 2):
+        raise ValueError(f"p must be 1 or 2, not {p}")
+    return values.float().norm(p=p, dim=-1)

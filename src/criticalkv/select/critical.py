@@ -13,6 +13,7 @@ from criticalkv.scores.value_norms import (
     gram_value_norms,
     norm_dtype,
     norms_memo_key,
+    plain_value_norms,
     projected_value_norms,
 )
 from criticalkv.select.base import Selector
@@ -37,6 +38,9 @@ class Critical(Selector):
         dtype), or an explicit ``"float32"`` / ``"bfloat16"`` / ``"float16"``.
     gram : with ``p=2``, compute ``||V_i W_O^h||_2`` exactly as ``sqrt(V_i^T (W_O^h W_O^h^T) V_i)``
         (:func:`~criticalkv.scores.value_norms.gram_value_norms`), ``d / D`` of the projection's work.
+    projected : weight by ``||V_i W_O^h||_p`` (the paper, default); ``False`` weights by the plain
+        ``||V_i||_p`` instead (:func:`~criticalkv.scores.value_norms.plain_value_norms`), the
+        ablation of the output projection.
     """
 
     alpha: float = 0.5
@@ -46,6 +50,7 @@ class Critical(Selector):
 
     precision: str = "auto"
     gram: bool = False
+    projected: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -58,9 +63,15 @@ class Critical(Selector):
             raise ValueError(f"precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.precision!r}")
         if self.gram and self.p != 2:
             raise ValueError("gram=True computes the L2 norm: pass p=2 with it")
+        if not isinstance(self.projected, bool):
+            raise TypeError(f"projected must be True or False, not {self.projected!r}")
+        if self.gram and not self.projected:
+            raise ValueError("gram=True computes the projected norm: it cannot be combined with projected=False")
 
     def norms(self, state: LayerState) -> torch.Tensor:
-        """(B, H_kv, T) projected value norms, GQA group mean."""
+        """(B, H_kv, T) projected value norms, GQA group mean (plain ``||V_i||_p`` if not ``projected``)."""
+        if not self.projected:
+            return state.remember(("value_norms_plain", self.p), lambda: plain_value_norms(state.values, p=self.p))
         weight: torch.Tensor = state.module.o_proj.weight  # type: ignore[union-attr,assignment]
         dtype = norm_dtype(self.precision, state.values)
         precision = str(dtype).removeprefix("torch.")
