@@ -32,6 +32,7 @@ from criticalkv.runtime import (
     eos_ids,
     input_device,
     prefill,
+    repeat_prompt,
     teacher_forced_logprobs,
 )
 from criticalkv.scores.queries import resolve_num_queries
@@ -119,6 +120,8 @@ class SampleEvaluator:
         for bound in self.methods.values():
             needs = needs.merge(bound.needs)
         self.queries_needed = needs.queries
+        # KVzip: one reconstruction pass per sample, shared by every method of the unit
+        self.reconstruction = repeat_prompt(tokenizer, config.chat) if needs.reconstruction else None
 
     def run_or_skip(
         self, length: int, sample: Sample, pending: Sequence[Pair]
@@ -164,7 +167,12 @@ class SampleEvaluator:
         ids, mask = ids.to(device), mask.to(device)
         started = time.perf_counter()
         states, last_logits = prefill(
-            model, ids, mask, window=self.window, num_queries=resolve_num_queries(self.queries_needed, len(prompt))
+            model,
+            ids,
+            mask,
+            window=self.window,
+            num_queries=resolve_num_queries(self.queries_needed, len(prompt)),
+            reconstruction=self.reconstruction,
         )
         prefill_s = time.perf_counter() - started
         suffix = gold if aware else qst + gold
