@@ -4,10 +4,14 @@ and the refusals where the pass cannot run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, DynamicCache
 
 import criticalkv as ckv
+from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.budgets import LayerJoint
 from criticalkv.runtime import RepeatPrompt, prefill, repeat_prompt
 from criticalkv.runtime.reconstruction import CUE_TOKENS
@@ -153,3 +157,52 @@ def test_repeat_prompts() -> None:
             RepeatPrompt(**bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be a RepeatPrompt"):
         prefill(ckv.attach(make_tiny("llama")), *padded_batch([20]), window=4, reconstruction=(5, 6))  # type: ignore[arg-type]
+
+
+# --- against kvpress (the [bench] extra; kvpress pins transformers < 5.3, so usually skipped) -----
+
+KVPRESS = import_kvpress()
+
+
+@pytest.mark.skipif(KVPRESS is None, reason="kvpress is not installed (pip install 'criticalkv[bench]')")
+@torch.no_grad()
+def test_same_scores_and_kept_entries_as_kvpress(tmp_path: Path) -> None:
+    """kvpress's ``KVzipPress`` on a tiny Llama saved with the character tokenizer (kvpress loads the
+    tokenizer from ``name_or_path``). With no chat template kvpress repeats ``"\\n\\nRepeat the previous
+    context exactly." + "\\n"`` then the whole context in one chunk, which is :func:`repeat_prompt`'s
+    prompt, and its softmax then spans the context and the repeat, as ours always does.
+
+    Where we differ on purpose: kvpress's ``n_sink=4`` scores of 1 are overwritten by the chunk's when
+    the template has no opening (here), while ours always hold, so we compare with ``sinks=0``; over
+    several chunks kvpress's softmax leaves out the other chunks' keys (ours is the attention the model
+    really pays); and we always keep the window, which kvpress does not have, so the kept entries are
+    checked against one top-k of kvpress's scores over all layers and heads with the window forced."""
+    kvpress = KVPRESS
+    model, tok = make_tiny("llama"), char_tokenizer()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    theirs_model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, mask = padded_batch([80], seed=8)
+
+    class Recording(kvpress.KVzipPress):  # type: ignore[misc,name-defined]
+        def compress_post(self, model: torch.nn.Module) -> None:
+            self.recorded = self.score_val.clone()
+            super().compress_post(model)
+
+    press = Recording(compression_ratio=0.5)
+    with press(theirs_model):
+        theirs_model(input_ids=ids, past_key_values=DynamicCache())
+    theirs = press.recorded[:, 0].float()  # (L, H_kv, T)
+
+    window, budget = 4, 24
+    states, _ = prefill(ckv.attach(model), ids, mask, window=window, reconstruction=repeat_prompt(tok))
+    method = ckv.get_method("kvzip", sinks=0)
+    assert method.scores is not None
+    for layer, state in enumerate(states):
+        torch.testing.assert_close(method.scores(state)[0], theirs[layer], rtol=1e-4, atol=1e-6)
+    kept = torch.stack(method.keep_masks(states, torch.tensor([budget])))[:, 0]  # (L, H_kv, T)
+    forced = theirs.clone()
+    forced[..., -window:] = float("inf")
+    top = torch.zeros(forced.numel(), dtype=torch.bool)
+    top[forced.flatten().topk(kept.shape[0] * kept.shape[1] * budget).indices] = True
+    assert torch.equal(kept, top.view_as(kept))
