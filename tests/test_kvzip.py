@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import criticalkv as ckv
 from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.budgets import LayerJoint
+from criticalkv.eval import store
+from criticalkv.eval.runner import SweepConfig, run_sweep
 from criticalkv.runtime import RepeatPrompt, prefill, repeat_prompt
 from criticalkv.runtime.reconstruction import CUE_TOKENS
 from criticalkv.scores.kvzip import ReconstructionAttention
@@ -206,3 +208,36 @@ def test_same_scores_and_kept_entries_as_kvpress(tmp_path: Path) -> None:
     top = torch.zeros(forced.numel(), dtype=torch.bool)
     top[forced.flatten().topk(kept.shape[0] * kept.shape[1] * budget).indices] = True
     assert torch.equal(kept, top.view_as(kept))
+
+
+@pytest.mark.slow  # two small sweeps (about a minute on a loaded 2-core machine)
+def test_a_sweep_runs_the_pass_once_and_leaves_the_other_methods_alone(tmp_path: Path) -> None:
+    model, tok = ckv.attach(make_tiny("llama")), char_tokenizer()
+
+    def sweep(out: Path, methods: list[str]) -> dict[tuple[str, float], dict[str, object]]:
+        config = SweepConfig(
+            out=out,
+            tasks=["niah_single_1"],
+            lengths=[400],
+            methods=methods,
+            budgets=[0.3, 1.0],
+            samples=1,
+            window=8,
+            max_new_tokens=4,
+            model="tiny",
+            mode="question-agnostic",
+        )
+        run_sweep(config, model, tok)
+        return {(r["method"], r["budget"]): r for r in store.read_results(out)}
+
+    with_kvzip = sweep(tmp_path / "a", ["full", "snapkv", "kvzip", "critical-kvzip"])
+    without = sweep(tmp_path / "b", ["full", "snapkv"])
+    for key, record in without.items():  # the reconstruction pass changes nothing for the other methods
+        assert with_kvzip[key]["prediction"] == record["prediction"]
+        assert with_kvzip[key]["kl"] == pytest.approx(record["kl"], abs=1e-6)
+    for name in ("kvzip", "critical-kvzip"):
+        whole, compressed = with_kvzip[(name, 1.0)], with_kvzip[(name, 0.3)]
+        assert whole["prediction"] == with_kvzip[("full", 1.0)]["prediction"] and whole["kl"] == pytest.approx(
+            0.0, abs=1e-6
+        )
+        assert int(compressed["kv_bytes"]) < int(compressed["kv_bytes_full"])  # type: ignore[call-overload]
