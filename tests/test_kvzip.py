@@ -241,3 +241,11 @@ def test_a_sweep_runs_the_pass_once_and_leaves_the_other_methods_alone(tmp_path:
             0.0, abs=1e-6
         )
         assert int(compressed["kv_bytes"]) < int(compressed["kv_bytes_full"])  # type: ignore[call-overload]
+
+
+def test_kvzip_declares_the_reconstruction_pass() -> None:
+    for name in ("kvzip", "critical-kvzip"):
+        needs = ckv.get_method(name).needs
+        assert needs.reconstruction and needs.prefill_only and needs.cross_layer
+    assert ckv.get_method("critical-kvzip").needs.value_norms
+    assert not any(ckv.get_method(n).needs.reconstruction for n in ckv.available_methods() if "kvzip" not in n)
