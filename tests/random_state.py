@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 
+from criticalkv.scores.kvzip import reconstruction_attention
 from criticalkv.state import LayerState
 
 
@@ -118,3 +119,14 @@ def with_all_queries(state: LayerState, seed: int = 0) -> LayerState:
     g = torch.Generator().manual_seed(seed)
     earlier = 2.0 * torch.randn(b, h_q, missing, d, generator=g)
     return LayerState(**{**state.__dict__, "queries": torch.cat([earlier, state.queries], dim=2)})
+
+
+def with_reconstruction(state: LayerState) -> LayerState:
+    """``state`` with a reconstruction pass's attention (KVzip): the held queries, as if appended after
+    the prompt, attending to its keys and to copies of its last key (ties when the keys are)."""
+    n_q = int(state.queries.shape[2])
+    keys = torch.cat([state.keys, state.keys[:, :, -1:].expand(-1, -1, n_q, -1)], dim=2)
+    appended = torch.ones(state.batch_size, n_q, dtype=torch.bool, device=state.valid.device)
+    valid = torch.cat([state.valid, appended], dim=1)
+    seen = reconstruction_attention(state.queries, keys, valid, state.seq_len, state.scaling)
+    return LayerState(**{**state.__dict__, "memo": {}, "reconstruction": seen})

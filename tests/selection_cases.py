@@ -14,7 +14,7 @@ from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.tiers import build_prefix
 from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.state import LayerState
-from tests.random_state import random_state, to_device, with_all_queries
+from tests.random_state import random_state, to_device, with_all_queries, with_reconstruction
 from tests.synthetic_scores import bind_synthetic
 
 
@@ -112,6 +112,8 @@ def method_for(name: str, state: LayerState, seed: int = 0) -> tuple[ckv.Method,
     method = bind_synthetic(ckv.get_method(name), state, seed)
     if method.needs.queries == ALL_QUERIES:
         state = with_all_queries(state, seed)
+    if method.needs.reconstruction:
+        state = with_reconstruction(state)
     return method, state
 
 

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 import criticalkv as ckv
 from criticalkv.compat import cache_argument
 from tests.conftest import ARCHS, make_tiny, padded_batch, tolerance
+from tests.prefill_paths import compressed_prefill
 from tests.reference import KEEP
 from tests.synthetic_scores import synthetic_head_scores
 
@@ -61,12 +62,11 @@ def test_decode_matches_masked_full_cache(arch: str, method: str, device: torch.
     atol = tolerance(1e-4, device)  # the reference is float64; the accelerator's float32 kernels differ more
     pos = positions(mask)
     # head-prior methods need head scores: synthetic ones for the tiny model (ignored by the others)
-    cache = ckv.CompressedCache.for_model(ours, method, 0.3, window=6, head_scores=synthetic_head_scores(ours))
-    out = ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache))
+    cache, logits = compressed_prefill(ours, method, 0.3, ids, mask, window=6, head_scores=synthetic_head_scores(ours))
     ref_cache = DynamicCache(config=ref.config)
     ref_out = ref(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache))
     real = mask.bool()
-    assert float((out.logits - ref_out.logits)[real].abs().max()) < atol  # prefill is uncompressed
+    assert float((logits - ref_out.logits)[real].abs().max()) < atol  # prefill is uncompressed
 
     # question-agnostic style: a padded multi-token chunk, then single-token decode steps
     g = torch.Generator().manual_seed(2)

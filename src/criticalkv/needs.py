@@ -58,6 +58,11 @@ class Needs:
         decoding (decode-time compression keeps the last ``window`` queries of the decode steps
         and compresses one layer at a time): e.g. scores over every prompt query (H2O) or budgets
         over all layers jointly. A decode budget with such a method is refused up front.
+    reconstruction : the scores read the attention each prompt entry receives while the model
+        repeats the prompt (KVzip's context reconstruction): the runtime teacher-forces a repeat
+        prompt after the prompt on the full cache (:func:`criticalkv.runtime.reconstruct`) and
+        hands each layer's result in :attr:`LayerState.reconstruction`. A cache that compresses
+        during ``model.generate``'s own prefill cannot run that pass and refuses such a method.
     """
 
     queries: QueriesNeeded = None
@@ -66,6 +71,7 @@ class Needs:
     ranks: bool = False
     value_norms: bool = False
     prefill_only: bool = False
+    reconstruction: bool = False
 
     def __post_init__(self) -> None:
         check_queries_needed(self.queries)
@@ -79,6 +85,7 @@ class Needs:
             ranks=self.ranks or other.ranks,
             value_norms=self.value_norms or other.value_norms,
             prefill_only=self.prefill_only or other.prefill_only,
+            reconstruction=self.reconstruction or other.reconstruction,
         )
 
 

@@ -29,6 +29,9 @@ class LayerState:
     present : (B, H_kv, T) bool, or ``None`` (every valid entry). A state rebuilt from an already
         compressed cache (decode-time compression) lines up the positions any head of a row still
         holds; ``present`` says which of them each KV head holds. Scores mask the others like padding.
+    reconstruction : (B, H_q, T) float32, or ``None``: per query head, the most attention each entry
+        received from the queries of a context-reconstruction pass (KVzip; set by
+        :func:`criticalkv.runtime.reconstruct` for methods whose ``needs.reconstruction`` is set).
     """
 
     queries: torch.Tensor
@@ -41,6 +44,7 @@ class LayerState:
     num_layers: int
     memo: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
     present: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    reconstruction: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def remember(self, key: Any, compute: Any) -> torch.Tensor:
         """``memo[key]``, computed by ``compute()`` the first time."""

@@ -29,10 +29,14 @@ ATTN_IMPLEMENTATION = "criticalkv"
 def _valid_from_mask(
     attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device
 ) -> torch.Tensor:
-    """(B, T) bool of real tokens, read off the diagonal of the prefill's 4D mask."""
+    """(B, T) bool of real tokens, read off the diagonal of the prefill's 4D mask (or, for tokens
+    appended after cached ones, off its last row: the last query sees every real key)."""
     if attention_mask is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
-    diagonal = torch.diagonal(attention_mask[:, 0, -length:, -length:], dim1=-2, dim2=-1)
+    if attention_mask.shape[-2] < length:
+        diagonal = attention_mask[:, 0, -1, -length:]
+    else:
+        diagonal = torch.diagonal(attention_mask[:, 0, -length:, -length:], dim1=-2, dim2=-1)
     if diagonal.dtype != torch.bool:
         diagonal = diagonal == 0
     return diagonal.expand(batch, length).to(device)  # the layer's device when sharded

@@ -48,6 +48,7 @@ class RowOutcome:
     answer: str
     new_tokens: int
     kv_bytes: int  # the compressed prompt
+    kv_bytes_full: int  # one row's uncompressed cache in the model's dtype (never quantized)
     kv_bytes_peak: int | None  # under a decode budget: the most the row's cache held
     compress_s: float
     decode_s: float  # generation of the batch the row was part of
@@ -104,6 +105,7 @@ def _decode(
 ) -> list[RowOutcome]:
     k = len(compress_times)
     kv_rows = row_kv_bytes(cache)
+    full_bytes = cache.kv_bytes_full() // k  # the prompt's, before anything is appended
     mask = after.mask.expand(k, -1)
     first_logits = after.last_logits.expand(k, -1) if after.aware else None
     logprobs = teacher_forced_logprobs(
@@ -123,6 +125,6 @@ def _decode(
     answers, counts = decode_answers(tokenizer, generated, eos)
     held = cache.kv_bytes_peak() if peak else None
     return [
-        RowOutcome(logprobs[i], answers[i], counts[i], kv_rows[i], held, compress_times[i], decode_s, k)
+        RowOutcome(logprobs[i], answers[i], counts[i], kv_rows[i], full_bytes, held, compress_times[i], decode_s, k)
         for i in range(k)
     ]

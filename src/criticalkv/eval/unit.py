@@ -26,7 +26,7 @@ from criticalkv.eval.store import is_done, result_key
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
-from criticalkv.runtime import eos_ids, input_device, prefill
+from criticalkv.runtime import eos_ids, input_device, prefill, repeat_prompt
 from criticalkv.scores.queries import resolve_num_queries
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ class SampleEvaluator:
         #: (decode budget, interval) every compressed row is held at while it decodes, or ``None``
         self.decode = None if budget is None or interval is None else (budget, interval)
         self.decode_fields = {} if self.decode is None else {"decode_budget": budget, "decode_interval": interval}
+        # KVzip: one reconstruction pass per sample, shared by every method of the unit
+        self.reconstruction = repeat_prompt(tokenizer, config.chat) if needs.reconstruction else None
 
     def run_or_skip(
         self, length: int, sample: Sample, pending: Sequence[Pair]
@@ -160,7 +162,12 @@ class SampleEvaluator:
         ids, mask = ids.to(device), mask.to(device)
         started = time.perf_counter()
         states, last_logits = prefill(
-            model, ids, mask, window=self.window, num_queries=resolve_num_queries(self.queries_needed, len(prompt))
+            model,
+            ids,
+            mask,
+            window=self.window,
+            num_queries=resolve_num_queries(self.queries_needed, len(prompt)),
+            reconstruction=self.reconstruction,
         )
         prefill_s = time.perf_counter() - started
         metric = bind_metric(sample)
@@ -204,7 +211,7 @@ class SampleEvaluator:
                     "context_tokens": len(ctx),
                     "prompt_tokens": len(prompt),
                     "kv_bytes": done.kv_bytes,
-                    "kv_bytes_full": outcomes[0].kv_bytes,
+                    "kv_bytes_full": done.kv_bytes_full,
                     "prefill_s": prefill_s,
                     "compress_s": done.compress_s,
                     "batch_decode_s": done.decode_s,

@@ -18,6 +18,7 @@ from criticalkv.scores.defensive_aggregation import DefensiveAggregation
 from criticalkv.scores.expected_attention import ExpectedAttention
 from criticalkv.scores.key_diff import KeyDissimilarity
 from criticalkv.scores.key_norm import KeyNorm
+from criticalkv.scores.kvzip import ReconstructionAttention
 from criticalkv.scores.last_query import LastQueryAttention
 from criticalkv.scores.positional import SinksAndRecent
 from criticalkv.scores.window_attention import WindowAttention
@@ -35,6 +36,7 @@ _KNORM = "Devoto et al. 2024, Knorm (arXiv 2406.11430)"
 _TOVA = "Oren et al. 2024, TOVA: Transformers are Multi-State RNNs (arXiv 2401.06104)"
 _KEYDIFF = "Park et al. 2025, KeyDiff (arXiv 2504.15364)"
 _EXPECTED = "Devoto et al. 2025, Expected Attention (arXiv 2510.00636; kvpress)"
+_KVZIP = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction (arXiv 2505.23416)"
 _DEFENSIVEKV = "Feng et al. 2025, DefensiveKV: Taming the Fragility of KV Cache Eviction (arXiv 2510.13334)"
 
 register(
@@ -213,6 +215,28 @@ register(
         "Expected attention (without kvpress's ||V||_2 rescaling); two-stage selection by attention x ||V W_O||_1.",
         f"{_CRITICAL}; {_EXPECTED}",
         ExpectedAttention(value_norm=False),
+        select=Critical(),
+    ),
+)
+register(
+    "kvzip",
+    lambda: Method(
+        "kvzip",
+        "Most attention received while the model repeats the context (one extra pass), question-agnostic; "
+        "one top-k over all layers and heads (the paper's and kvpress's non-uniform budgets).",
+        _KVZIP,
+        ReconstructionAttention(),
+        budgets=LayerJoint(),
+    ),
+)
+register(
+    "critical-kvzip",
+    lambda: Method(
+        "critical-kvzip",
+        "KVzip scores and budgets; two-stage selection by attention x ||V W_O||_1.",
+        f"{_CRITICAL}; {_KVZIP}",
+        ReconstructionAttention(),
+        budgets=LayerJoint(),
         select=Critical(),
     ),
 )

@@ -4,6 +4,8 @@
 * :mod:`~criticalkv.runtime.forward` holds the operations the harnesses share: prefill with
   capture, prefill into a compressing cache, appending tokens, teacher-forced log-probabilities,
   greedy continuation, and the one end-of-sequence rule;
+* :mod:`~criticalkv.runtime.reconstruction` runs KVzip's context-reconstruction pass for methods
+  that declare ``needs.reconstruction``;
 * :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`).
 """
 
@@ -21,12 +23,14 @@ from criticalkv.runtime.forward import (
 )
 from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
 from criticalkv.runtime.limits import check_positions, position_limit
+from criticalkv.runtime.reconstruction import RepeatPrompt, reconstruct, repeat_prompt
 
 __all__ = [
     "DEFAULT_WINDOWS",
     "MODES",
     "GenerationResult",
     "Mode",
+    "RepeatPrompt",
     "append_tokens",
     "attach",
     "capture_prefill",
@@ -40,5 +44,7 @@ __all__ = [
     "position_limit",
     "prefill",
     "prefill_into",
+    "reconstruct",
+    "repeat_prompt",
     "teacher_forced_logprobs",
 ]

@@ -18,6 +18,7 @@ from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.limits import check_positions
+from criticalkv.runtime.reconstruction import RepeatPrompt, reconstruct
 from criticalkv.state import LayerState
 
 _SHORTEN = "shorten the input (a shorter context or --length / --context-lengths)"
@@ -36,13 +37,19 @@ def prefill(
     *,
     window: int,
     num_queries: int | None = None,
+    reconstruction: RepeatPrompt | None = None,
 ) -> tuple[list[LayerState], torch.Tensor]:
     """Run the full prefill once; return every layer's state and the last position's (B, V) logits.
 
     Build any number of compressed caches from the states with
-    :meth:`CompressedCache.from_states` and continue with :func:`continue_generation`.
+    :meth:`CompressedCache.from_states` and continue with :func:`continue_generation`. With
+    ``reconstruction`` (a :func:`~criticalkv.runtime.repeat_prompt`, for methods whose
+    ``needs.reconstruction`` is set: KVzip) the context-reconstruction pass runs too
+    (:func:`~criticalkv.runtime.reconstruct`, about one more prefill).
     """
-    states, logits = capture_prefill(model, input_ids, attention_mask, window=window, num_queries=num_queries)
+    states, logits = capture_prefill(
+        model, input_ids, attention_mask, window=window, num_queries=num_queries, reconstruction=reconstruction
+    )
     return states, logits[:, -1]
 
 
@@ -55,6 +62,7 @@ def capture_prefill(
     window: int,
     num_queries: int | None = None,
     logits_to_keep: int = 1,
+    reconstruction: RepeatPrompt | None = None,
 ) -> tuple[list[LayerState], torch.Tensor]:
     """:func:`prefill` keeping the (B, logits_to_keep, V) logits of the last positions."""
     check_positions(model, int(input_ids.shape[1]), fix=_SHORTEN)
@@ -67,7 +75,10 @@ def capture_prefill(
         **cache_argument(model, capture),
         logits_to_keep=logits_to_keep,
     )
-    return capture.states(), out.logits
+    states = capture.states()
+    if reconstruction is not None:
+        states = reconstruct(model, states, input_ids, attention_mask, reconstruction)
+    return states, out.logits
 
 
 @torch.no_grad()

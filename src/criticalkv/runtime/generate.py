@@ -25,8 +25,10 @@ from criticalkv.compat import cache_argument
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime.attach import attach
-from criticalkv.runtime.forward import decode_answers, eos_ids, input_device, prefill_into
+from criticalkv.runtime.forward import continue_generation, decode_answers, eos_ids, input_device, prefill, prefill_into
 from criticalkv.runtime.limits import check_positions
+from criticalkv.runtime.reconstruction import repeat_prompt
+from criticalkv.scores.queries import resolve_num_queries
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +172,6 @@ def generate(
     device = input_device(model)
     decode = {} if decode_budget is None else {"decode_budget": decode_budget, "decode_interval": decode_interval}
     storage = storage_options(quantization)
-    cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode, **storage)
     compressed = [c + q for c, q in pairs] if mode == "question-aware" else [c for c, _ in pairs]
     shortest = min(len(s) for s in compressed)
     if quantization is not None:  # an explicit residual longer than the budget: refused before the prefill
@@ -186,21 +187,40 @@ def generate(
         q_ids, q_mask = left_pad([q for _, q in pairs], pad_id)
         full_ids, full_mask = torch.cat([ctx_ids, q_ids], 1), torch.cat([ctx_mask, q_mask], 1)
     full_ids, full_mask = full_ids.to(device), full_mask.to(device)
-    clock = _FirstTokenClock(cache)
+    n_cmp = ctx_ids.shape[1] if mode == "question-agnostic" else full_ids.shape[1]
     kwargs: dict[str, Any] = {"do_sample": False, "pad_token_id": pad_id}
     kwargs.update(generate_kwargs)
     start = time.perf_counter()
-    if mode == "question-agnostic":
-        n_ctx = ctx_ids.shape[1]
-        prefill_into(model, cache, full_ids[:, :n_ctx], full_mask[:, :n_ctx])
-    output = model.generate(
-        input_ids=full_ids,
-        attention_mask=full_mask,
-        **cache_argument(model, cache),
-        max_new_tokens=max_new_tokens,
-        streamer=clock,
-        **kwargs,
-    )
+    if method.needs.reconstruction:  # KVzip: capture the prefill, run the reconstruction pass, compress
+        states, last = prefill(
+            model,
+            full_ids[:, :n_cmp],
+            full_mask[:, :n_cmp],
+            window=window,
+            num_queries=resolve_num_queries(method.needs.queries, n_cmp),
+            reconstruction=repeat_prompt(tokenizer, chat),
+        )
+        cache = CompressedCache.from_states(states, method, budget, window=window, **storage)
+    else:
+        cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode, **storage)
+        if mode == "question-agnostic":
+            prefill_into(model, cache, full_ids[:, :n_cmp], full_mask[:, :n_cmp])
+    clock = _FirstTokenClock(cache)
+    if method.needs.reconstruction and mode == "question-aware":  # the prompt is cached: its next token is known
+        first = last.argmax(-1)
+        clock.put(full_ids)
+        clock.put(first)
+        new = continue_generation(model, cache, full_ids, full_mask, first, max_new_tokens, streamer=clock, **kwargs)
+        output = torch.cat([full_ids, new], dim=1)
+    else:
+        output = model.generate(
+            input_ids=full_ids,
+            attention_mask=full_mask,
+            **cache_argument(model, cache),
+            max_new_tokens=max_new_tokens,
+            streamer=clock,
+            **kwargs,
+        )
     total = time.perf_counter() - start
     answers, counts = decode_answers(tokenizer, output[:, full_ids.shape[1] :], eos_ids(model, tokenizer))
     return GenerationResult(
