@@ -33,6 +33,8 @@ LAYOUT = FolderLayout(
     history_key="runs",
     exact=False,
     mismatch="{out} holds results of a different configuration ({diff}); use another --out",
+    # in the identity only when set (folders made before them resume); never resumed without them
+    optional=("norm_precision", "kv_bits", "decode_budget", "decode_interval", "head_scores"),
 )
 
 _TEXT = (str,)

@@ -24,6 +24,8 @@ class FolderLayout:
     mismatch : the error message on a mismatch, with ``{out}`` and ``{diff}`` fields.
     separator : between the ``"key: a there, b now"`` parts of ``{diff}``.
     trailing_newline : end the file with a newline.
+    optional : keys written only when set (absent means unset); with ``exact=False`` they are
+        compared in both directions, so a folder made with one never resumes without it.
     """
 
     config_file: str
@@ -33,6 +35,7 @@ class FolderLayout:
     mismatch: str
     separator: str = "; "
     trailing_newline: bool = False
+    optional: tuple[str, ...] = ()
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -68,7 +71,10 @@ def write_json(path: Path, data: Mapping[str, Any], trailing_newline: bool = Fal
 
 def identity_diff(layout: FolderLayout, before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``"key: a there, b now"`` for each key whose value differs (see :attr:`FolderLayout.exact`)."""
-    keys = sorted(set(before) | set(now)) if layout.exact else list(now)
+    if layout.exact:
+        keys = sorted(set(before) | set(now))
+    else:
+        keys = [*now, *(k for k in layout.optional if k in before and k not in now)]
     return [f"{k}: {before.get(k)!r} there, {now.get(k)!r} now" for k in keys if before.get(k) != now.get(k)]
 
 
