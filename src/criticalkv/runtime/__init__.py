@@ -4,7 +4,8 @@
 * :mod:`~criticalkv.runtime.forward` holds the operations the harnesses share: prefill with
   capture, prefill into a compressing cache, appending tokens, teacher-forced log-probabilities,
   greedy continuation, and the one end-of-sequence rule;
-* :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`).
+* :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`);
+* :mod:`~criticalkv.runtime.rows` decodes separate caches as the rows of one batch (:func:`decode_rows`).
 """
 
 from criticalkv.runtime.attach import attach
@@ -21,6 +22,7 @@ from criticalkv.runtime.forward import (
 )
 from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
 from criticalkv.runtime.limits import check_positions, position_limit
+from criticalkv.runtime.rows import decode_rows
 
 __all__ = [
     "DEFAULT_WINDOWS",
@@ -34,6 +36,7 @@ __all__ = [
     "check_positions",
     "continue_generation",
     "decode_answers",
+    "decode_rows",
     "eos_ids",
     "generate",
     "input_device",

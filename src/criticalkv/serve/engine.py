@@ -1,11 +1,13 @@
 """The engine: the model, the context store and the one worker thread that does all model work.
 
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
-a worker thread, so the event loop never waits on the model. The worker interleaves the
-sessions it holds: each round it starts what arrived (compressing a context, or a question's
-prefill and first token) and then advances every active answer by one token, so a long answer
-does not hold back the first token of a new one. A session whose client went away is dropped
-between two steps, freeing its fork.
+a worker thread, so the event loop never waits on the model. The worker batches continuously:
+between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
+being decoded (compressing a context, or a question's fork, prefill and first token), drops
+the answers that finished or whose client went away (freeing their forks), and then advances
+every remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
+the rows may come from different contexts, lengths, methods and budgets, and each decodes
+exactly as it would alone. A long answer does not hold back the first token of a new one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.methods import bind, get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import attach, eos_ids, input_device, prefill_into
+from criticalkv.runtime import attach, decode_rows, eos_ids, input_device, prefill_into
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
@@ -168,28 +170,40 @@ class Engine:
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._start_arrivals()
+            self._drop_finished()
+            if self._active:
+                self._decode_step()
+
+    def _start_arrivals(self) -> None:
+        """Run queued jobs while fewer than ``max_batch`` answers decode (waiting briefly if idle)."""
+        while len(self._active) < self.config.max_batch:
             try:
                 job = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
             except queue.Empty:
-                job = None
-            started = 0
-            while job is not None:
-                session = job()
-                if session is not None:
-                    self._active.append(session)
-                started += 1
-                try:
-                    job = self._jobs.get_nowait() if started < self.config.max_sessions else None
-                except queue.Empty:
-                    job = None
-            for session in list(self._active):
-                try:
-                    session.step()
-                except Exception as error:
-                    logger.exception("decoding failed")
-                    session.channel.put("error", APIError(500, f"decoding failed: {error}", type="server_error"))
-                    session.done = True
-                if session.done or session.cancelled():
-                    self._active.remove(session)
-                    session.cache = None
-                    self._release()
+                return
+            session = job()
+            if session is not None:
+                self._active.append(session)
+
+    def _drop_finished(self) -> None:
+        for session in [s for s in self._active if not s.pending()]:
+            self._active.remove(session)
+            session.cache = None
+            self._release()
+
+    def _decode_step(self) -> None:
+        """One token for every active answer, in one batched forward."""
+        rows = list(self._active)
+        try:
+            logits = decode_rows(self.model, [s.cache for s in rows], [s.next_token for s in rows])  # type: ignore[misc]
+        except Exception as error:
+            logger.exception("decoding failed")
+            for session in rows:
+                session.channel.put("error", APIError(500, f"decoding failed: {error}", type="server_error"))
+                session.done = True
+            self._drop_finished()
+            return
+        self.metrics.decode_step(len(rows))
+        for session, row in zip(rows, logits, strict=True):
+            session.advance(row)
