@@ -40,10 +40,11 @@ def hang_up_after_first_event(url: str, context_id: str) -> None:
         next(response.iter_lines())
 
 
-def burst(url: str, ids: list[str], jobs: list[tuple[int, str, bool]]) -> dict[int, str]:
-    """Every job at once (and one client that hangs up after its first event); the answers by job."""
+def burst(url: str, ids: list[str], jobs: list[tuple[int, str, bool]], leaver: bool = True) -> dict[int, str]:
+    """Every job at once (and, with ``leaver``, a client that hangs up after its first event); the
+    answers by job."""
     answers: dict[int, str] = {}
-    gate = threading.Barrier(len(jobs) + 1)
+    gate = threading.Barrier(len(jobs) + int(leaver))
 
     def run(n: int, key: int, question: str, stream: bool) -> None:
         gate.wait()
@@ -54,7 +55,8 @@ def burst(url: str, ids: list[str], jobs: list[tuple[int, str, bool]]) -> dict[i
         hang_up_after_first_event(url, ids[0])
 
     threads = [threading.Thread(target=run, args=(n, *job)) for n, job in enumerate(jobs)]
-    threads.append(threading.Thread(target=leave))
+    if leaver:
+        threads.append(threading.Thread(target=leave))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -81,6 +83,22 @@ def test_requests_that_arrive_together_decode_together(server: tuple[str, Engine
             break
         time.sleep(0.02)
     assert engine.active() == 0 and engine._admitted == 0
+
+
+def test_rows_that_do_not_fit_the_memory_cap_wait(server: tuple[str, Engine], reference: object) -> None:
+    url, engine = server
+    texts = [document(60 + i, 200) for i in range(3)]
+    infos = [create(url, text) for text in texts]
+    jobs = [(i, QUESTIONS[i], False) for i in range(3)]  # three distinct contexts at once
+    cap = engine.config.memory_cap_bytes
+    engine.config.memory_cap_bytes = int(1.5 * max(info["kv_bytes"] for info in infos))  # room for one row
+    engine.metrics.decode_rows_max = 0
+    try:
+        answers = burst(url, [info["id"] for info in infos], jobs, leaver=False)
+    finally:
+        engine.config.memory_cap_bytes = cap
+    assert answers == {i: expected(reference, texts[i], QUESTIONS[i]) for i in range(3)}
+    assert engine.metrics.decode_rows_max == 1  # each waited for the one before to leave
 
 
 def test_max_batch_must_be_positive(tmp_path: Path) -> None:

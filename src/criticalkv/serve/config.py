@@ -19,7 +19,9 @@ class ServerConfig:
     caps the keys and values of the stored contexts held in memory (least recently used ones
     spill to ``store`` and come back on demand); ``max_sessions`` caps the requests admitted at
     once (queued or decoding; one more answers 429) and ``max_batch`` the answers decoded at
-    once, as the rows of one batch (the others wait their turn in the queue).
+    once, as the rows of one batch (the others wait their turn in the queue). The memory cap
+    also bounds the batch: an answer starts only if the stored context it reads (counted once
+    however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``).
     """
 
     model_name: str = "default"

@@ -12,6 +12,7 @@ exactly as it would alone. A long answer does not hold back the first token of a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import tempfile
@@ -54,7 +55,9 @@ class Engine:
         self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
         self.metrics = Metrics()
         self.max_positions = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
-        self._jobs: queue.Queue[Callable[[], Session | None]] = queue.Queue()
+        #: (bytes of the stored context it will read, 0 if none; the job), in arrival order
+        self._jobs: queue.Queue[tuple[int, Callable[[], Session | None]]] = queue.Queue()
+        self._waiting: tuple[int, Callable[[], Session | None]] | None = None  # next, until its row fits
         self._admitted = 0
         self._admit_lock = threading.Lock()
         self._active: list[Session] = []
@@ -110,7 +113,7 @@ class Engine:
             self._admitted -= 1
 
     def queue_depth(self) -> int:
-        return self._jobs.qsize()
+        return self._jobs.qsize() + (self._waiting is not None)
 
     def active(self) -> int:
         return len(self._active)
@@ -126,7 +129,7 @@ class Engine:
             finally:
                 self._release()
 
-        self._submit(job, channel)
+        self._submit(job, channel, 0)
 
     def submit_chat(self, work: ChatWork, channel: Channel) -> None:
         """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -143,9 +146,13 @@ class Engine:
                 return None
             return session
 
-        self._submit(job, channel)
+        context_bytes = 0
+        if work.context_id is not None:
+            with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
+                context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
+        self._submit(job, channel, context_bytes)
 
-    def _submit(self, job: Callable[[], Session | None], channel: Channel) -> None:
+    def _submit(self, job: Callable[[], Session | None], channel: Channel, context_bytes: int) -> None:
         def guarded() -> Session | None:
             try:
                 return job()
@@ -156,7 +163,7 @@ class Engine:
                 channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
             return None
 
-        self._jobs.put(guarded)
+        self._jobs.put((context_bytes, guarded))
 
     @torch.no_grad()
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
@@ -176,15 +183,36 @@ class Engine:
                 self._decode_step()
 
     def _start_arrivals(self) -> None:
-        """Run queued jobs while fewer than ``max_batch`` answers decode (waiting briefly if idle)."""
+        """Run queued jobs in order while fewer than ``max_batch`` answers decode and the next
+        one's context fits in the memory cap beside theirs (waiting briefly when idle)."""
         while len(self._active) < self.config.max_batch:
-            try:
-                job = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
-            except queue.Empty:
-                return
+            if self._waiting is None:
+                try:
+                    self._waiting = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
+                except queue.Empty:
+                    return
+            context_bytes, job = self._waiting
+            if self._active and self.rows_bytes() + context_bytes > self.config.memory_cap_bytes:
+                return  # it starts once rows that hold memory have left
+            self._waiting = None
             session = job()
             if session is not None:
                 self._active.append(session)
+
+    def rows_bytes(self) -> int:
+        """KV bytes the answers being decoded hold: each stored context they read once, plus
+        every row's own tail (or its whole cache, for a prompt compressed for the request)."""
+        contexts: dict[str, int] = {}
+        own = 0
+        for session in self._active:
+            if session.cache is None:
+                continue
+            held = session.cache.kv_bytes()
+            if session.work.context_id is not None:
+                contexts[session.work.context_id] = session.context_bytes
+                held -= session.context_bytes
+            own += held
+        return own + sum(contexts.values())
 
     def _drop_finished(self) -> None:
         for session in [s for s in self._active if not s.pending()]:

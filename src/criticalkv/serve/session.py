@@ -76,6 +76,7 @@ class Session:
         self.done = False
         self.cache: CompressedCache | None = None
         self.next_token: int | None = None
+        self.context_bytes = 0  # KV bytes of the stored context the cache forks (shared with others)
 
     def start(self) -> None:
         """Build the request's cache (a fork of its stored context, or a compressed prompt) and
@@ -86,6 +87,7 @@ class Session:
         if work.context_id is not None:
             entry, stored = self.engine.store.get(work.context_id)
             self.cache = stored.fork()
+            self.context_bytes = stored.kv_bytes()
             out, _ = append_tokens(model, self.cache, torch.ones(1, entry.tokens, dtype=torch.long, device=device), ids)
             logits = out.logits[:, -1]
         else:
