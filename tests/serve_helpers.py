@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -50,9 +51,11 @@ def server_config(store: Path, **overrides: object) -> ServerConfig:
 
 
 @contextmanager
-def live_server(config: ServerConfig) -> Iterator[tuple[str, Engine]]:
-    """``(base_url, engine)`` of a server answering on a free port of 127.0.0.1."""
-    engine = Engine(attach(make_tiny("llama")), char_tokenizer(), config)
+def live_server(config: ServerConfig, model: Any = None, tokenizer: Any = None) -> Iterator[tuple[str, Engine]]:
+    """``(base_url, engine)`` of a server answering on a free port of 127.0.0.1 (the tiny model
+    and the character tokenizer unless ``model`` and ``tokenizer`` are given)."""
+    model = attach(make_tiny("llama")) if model is None else model
+    engine = Engine(model, char_tokenizer() if tokenizer is None else tokenizer, config)
     sock = free_socket()
     server = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

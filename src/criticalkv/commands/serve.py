@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens one answer may ask for")
     p.add_argument("--memory-cap", type=float, default=2048, help="MiB of stored contexts' KV held in memory")
     p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
+    p.add_argument("--max-batch", type=int, default=8, help="answers decoded at once as one batch (per replica)")
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
     check_binding(args.host, api_key, args.force)
     if isinstance(args.budget, int):
         raise UsageError("--budget must be a fraction of the context in (0, 1] for the server")
-    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-sessions", args.max_sessions)):
+    for flag, value in (
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--max-sessions", args.max_sessions),
+        ("--max-batch", args.max_batch),
+    ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
     if args.memory_cap <= 0:
@@ -65,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         memory_cap_bytes=int(args.memory_cap * 2**20),
         max_sessions=args.max_sessions,
+        max_batch=args.max_batch,
         store=args.store,
         api_key=api_key,
     )

@@ -6,7 +6,8 @@
   greedy continuation, and the one end-of-sequence rule;
 * :mod:`~criticalkv.runtime.reconstruction` runs KVzip's context-reconstruction pass for methods
   that declare ``needs.reconstruction``;
-* :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`).
+* :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`);
+* :mod:`~criticalkv.runtime.rows` decodes separate caches as the rows of one batch (:func:`decode_rows`).
 """
 
 from criticalkv.runtime.attach import attach
@@ -24,6 +25,7 @@ from criticalkv.runtime.forward import (
 from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
 from criticalkv.runtime.limits import check_positions, position_limit
 from criticalkv.runtime.reconstruction import RepeatPrompt, reconstruct, repeat_prompt
+from criticalkv.runtime.rows import decode_rows
 
 __all__ = [
     "DEFAULT_WINDOWS",
@@ -38,6 +40,7 @@ __all__ = [
     "check_positions",
     "continue_generation",
     "decode_answers",
+    "decode_rows",
     "eos_ids",
     "generate",
     "input_device",

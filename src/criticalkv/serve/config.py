@@ -18,7 +18,10 @@ class ServerConfig:
     allowed); budgets are fractions of the context in ``[min_budget, 1]``. ``memory_cap_bytes``
     caps the keys and values of the stored contexts held in memory (least recently used ones
     spill to ``store`` and come back on demand); ``max_sessions`` caps the requests admitted at
-    once (queued or decoding; one more answers 429).
+    once (queued or decoding; one more answers 429) and ``max_batch`` the answers decoded at
+    once, as the rows of one batch (the others wait their turn in the queue). The memory cap
+    also bounds the batch: an answer starts only if the stored context it reads (counted once
+    however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``).
     """
 
     model_name: str = "default"
@@ -31,6 +34,7 @@ class ServerConfig:
     max_new_tokens: int = 256
     memory_cap_bytes: int = 2 * 2**30
     max_sessions: int = 16
+    max_batch: int = 8
     store: Path | None = None
     api_key: str | None = field(default=None, repr=False)
 

@@ -1,15 +1,18 @@
 """The engine: the model, the context store and the one worker thread that does all model work.
 
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
-a worker thread, so the event loop never waits on the model. The worker interleaves the
-sessions it holds: each round it starts what arrived (compressing a context, or a question's
-prefill and first token) and then advances every active answer by one token, so a long answer
-does not hold back the first token of a new one. A session whose client went away is dropped
-between two steps, freeing its fork.
+a worker thread, so the event loop never waits on the model. The worker batches continuously:
+between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
+being decoded (compressing a context, or a question's fork, prefill and first token), drops
+the answers that finished or whose client went away (freeing their forks), and then advances
+every remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
+the rows may come from different contexts, lengths, methods and budgets, and each decodes
+exactly as it would alone. A long answer does not hold back the first token of a new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import tempfile
@@ -23,7 +26,7 @@ import torch
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.methods import bind, get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import attach, eos_ids, input_device, prefill_into
+from criticalkv.runtime import attach, decode_rows, eos_ids, input_device, prefill_into
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
@@ -52,7 +55,9 @@ class Engine:
         self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
         self.metrics = Metrics()
         self.max_positions = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
-        self._jobs: queue.Queue[Callable[[], Session | None]] = queue.Queue()
+        #: (bytes of the stored context it will read, 0 if none; the job), in arrival order
+        self._jobs: queue.Queue[tuple[int, Callable[[], Session | None]]] = queue.Queue()
+        self._waiting: tuple[int, Callable[[], Session | None]] | None = None  # next, until its row fits
         self._admitted = 0
         self._admit_lock = threading.Lock()
         self._active: list[Session] = []
@@ -108,7 +113,7 @@ class Engine:
             self._admitted -= 1
 
     def queue_depth(self) -> int:
-        return self._jobs.qsize()
+        return self._jobs.qsize() + (self._waiting is not None)
 
     def active(self) -> int:
         return len(self._active)
@@ -124,7 +129,7 @@ class Engine:
             finally:
                 self._release()
 
-        self._submit(job, channel)
+        self._submit(job, channel, 0)
 
     def submit_chat(self, work: ChatWork, channel: Channel) -> None:
         """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -141,9 +146,13 @@ class Engine:
                 return None
             return session
 
-        self._submit(job, channel)
+        context_bytes = 0
+        if work.context_id is not None:
+            with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
+                context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
+        self._submit(job, channel, context_bytes)
 
-    def _submit(self, job: Callable[[], Session | None], channel: Channel) -> None:
+    def _submit(self, job: Callable[[], Session | None], channel: Channel, context_bytes: int) -> None:
         def guarded() -> Session | None:
             try:
                 return job()
@@ -154,7 +163,7 @@ class Engine:
                 channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
             return None
 
-        self._jobs.put(guarded)
+        self._jobs.put((context_bytes, guarded))
 
     @torch.no_grad()
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
@@ -168,28 +177,61 @@ class Engine:
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                job = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
-            except queue.Empty:
-                job = None
-            started = 0
-            while job is not None:
-                session = job()
-                if session is not None:
-                    self._active.append(session)
-                started += 1
+            self._start_arrivals()
+            self._drop_finished()
+            if self._active:
+                self._decode_step()
+
+    def _start_arrivals(self) -> None:
+        """Run queued jobs in order while fewer than ``max_batch`` answers decode and the next
+        one's context fits in the memory cap beside theirs (waiting briefly when idle)."""
+        while len(self._active) < self.config.max_batch:
+            if self._waiting is None:
                 try:
-                    job = self._jobs.get_nowait() if started < self.config.max_sessions else None
+                    self._waiting = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
                 except queue.Empty:
-                    job = None
-            for session in list(self._active):
-                try:
-                    session.step()
-                except Exception as error:
-                    logger.exception("decoding failed")
-                    session.channel.put("error", APIError(500, f"decoding failed: {error}", type="server_error"))
-                    session.done = True
-                if session.done or session.cancelled():
-                    self._active.remove(session)
-                    session.cache = None
-                    self._release()
+                    return
+            context_bytes, job = self._waiting
+            if self._active and self.rows_bytes() + context_bytes > self.config.memory_cap_bytes:
+                return  # it starts once rows that hold memory have left
+            self._waiting = None
+            session = job()
+            if session is not None:
+                self._active.append(session)
+
+    def rows_bytes(self) -> int:
+        """KV bytes the answers being decoded hold: each stored context they read once, plus
+        every row's own tail (or its whole cache, for a prompt compressed for the request)."""
+        contexts: dict[str, int] = {}
+        own = 0
+        for session in self._active:
+            if session.cache is None:
+                continue
+            held = session.cache.kv_bytes()
+            if session.work.context_id is not None:
+                contexts[session.work.context_id] = session.context_bytes
+                held -= session.context_bytes
+            own += held
+        return own + sum(contexts.values())
+
+    def _drop_finished(self) -> None:
+        for session in [s for s in self._active if not s.pending()]:
+            self._active.remove(session)
+            session.cache = None
+            self._release()
+
+    def _decode_step(self) -> None:
+        """One token for every active answer, in one batched forward."""
+        rows = list(self._active)
+        try:
+            logits = decode_rows(self.model, [s.cache for s in rows], [s.next_token for s in rows])  # type: ignore[misc]
+        except Exception as error:
+            logger.exception("decoding failed")
+            for session in rows:
+                session.channel.put("error", APIError(500, f"decoding failed: {error}", type="server_error"))
+                session.done = True
+            self._drop_finished()
+            return
+        self.metrics.decode_step(len(rows))
+        for session, row in zip(rows, logits, strict=True):
+            session.advance(row)

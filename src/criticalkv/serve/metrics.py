@@ -21,6 +21,10 @@ class Metrics:
         self.ttft_sum = 0.0
         self.ttft_count = 0
         self.last_ttft = 0.0
+        self.decode_steps_total = 0
+        self.decode_rows_total = 0
+        self.decode_rows_max = 0
+        self.decode_rows_last = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
 
     def token(self, count: int = 1) -> None:
@@ -29,6 +33,14 @@ class Metrics:
             self.tokens_total += count
             self._recent.append((now, count))
             self._trim(now)
+
+    def decode_step(self, rows: int) -> None:
+        """One batched decode step over ``rows`` answers (one token each)."""
+        with self._lock:
+            self.decode_steps_total += 1
+            self.decode_rows_total += rows
+            self.decode_rows_max = max(self.decode_rows_max, rows)
+            self.decode_rows_last = rows
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -68,6 +80,10 @@ class Metrics:
                 ("criticalkv_memory_cap_bytes", "gauge", "cap on KV bytes of contexts in memory", store["cap_bytes"]),
                 ("criticalkv_queue_depth", "gauge", "admitted requests waiting for the worker", queue_depth),
                 ("criticalkv_sessions_active", "gauge", "requests being decoded", active),
+                ("criticalkv_decode_steps_total", "counter", "batched decode steps", self.decode_steps_total),
+                ("criticalkv_decode_rows_total", "counter", "rows over all decode steps", self.decode_rows_total),
+                ("criticalkv_decode_rows_max", "gauge", "the most rows one decode step held", self.decode_rows_max),
+                ("criticalkv_decode_rows_last", "gauge", "rows of the last decode step", self.decode_rows_last),
                 ("criticalkv_generated_tokens_total", "counter", "tokens generated", self.tokens_total),
                 (
                     "criticalkv_tokens_per_second",

@@ -66,7 +66,8 @@ class IncrementalText:
 
 
 class Session:
-    """Greedy decoding of one :class:`ChatWork`, one token per :meth:`step`."""
+    """Greedy decoding of one :class:`ChatWork`: :meth:`start` alone, then one token per batched
+    decode step the engine runs over every pending session (:meth:`advance`)."""
 
     def __init__(self, engine: Any, work: ChatWork, channel: Channel) -> None:
         self.engine, self.work, self.channel = engine, work, channel
@@ -74,8 +75,8 @@ class Session:
         self.text = IncrementalText(engine.tokenizer, engine.tokenizer_lock)
         self.done = False
         self.cache: CompressedCache | None = None
-        self.mask: torch.Tensor | None = None
         self.next_token: int | None = None
+        self.context_bytes = 0  # KV bytes of the stored context the cache forks (shared with others)
 
     def start(self) -> None:
         """Build the request's cache (a fork of its stored context, or a compressed prompt) and
@@ -86,27 +87,24 @@ class Session:
         if work.context_id is not None:
             entry, stored = self.engine.store.get(work.context_id)
             self.cache = stored.fork()
-            out, self.mask = append_tokens(
-                model, self.cache, torch.ones(1, entry.tokens, dtype=torch.long, device=device), ids
-            )
+            self.context_bytes = stored.kv_bytes()
+            out, _ = append_tokens(model, self.cache, torch.ones(1, entry.tokens, dtype=torch.long, device=device), ids)
             logits = out.logits[:, -1]
         else:
             method = bind(get_method(work.method), model)
             window = min(work.window, ids.shape[1])  # a prompt within the window is kept whole
             self.cache = CompressedCache(model.config.num_hidden_layers, method, work.budget, window=window)
-            self.mask = torch.ones_like(ids)
-            logits = prefill_into(model, self.cache, ids, self.mask)
+            logits = prefill_into(model, self.cache, ids, torch.ones_like(ids))
         self.engine.metrics.first_token(time.perf_counter() - work.admitted_at)
         self._emit(int(logits[0].argmax()))
 
-    def step(self) -> None:
-        """Append the last token and predict the next one."""
-        if self.done or self.cancelled():
-            return
-        assert self.cache is not None and self.mask is not None and self.next_token is not None
-        token = torch.tensor([[self.next_token]], dtype=torch.long, device=self.mask.device)
-        out, self.mask = append_tokens(self.engine.model, self.cache, self.mask, token)
-        self._emit(int(out.logits[0, -1].argmax()))
+    def pending(self) -> bool:
+        """Whether the session waits for a decode step (a token to feed, its client still there)."""
+        return not self.done and not self.cancelled() and self.next_token is not None
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """Take the (V,) logits of the decode step that fed :attr:`next_token` (greedy)."""
+        self._emit(int(logits.argmax()))
 
     def cancelled(self) -> bool:
         return self.channel.cancelled.is_set()
@@ -130,6 +128,7 @@ class Session:
         if piece:
             self.channel.put("delta", piece)
         self.done = True
+        self.next_token = None
         self.cache = None  # frees the fork's tail now
         self.channel.put(
             "done",
