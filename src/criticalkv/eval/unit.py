@@ -18,7 +18,7 @@ import torch
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.quant_spec import quantization_for, storage_options
-from criticalkv.eval.decode_rows import Continuation, decode_rows, reference_logprobs
+from criticalkv.eval.config_rows import Continuation, decode_configs, reference_logprobs
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
@@ -185,7 +185,7 @@ class SampleEvaluator:
         rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
         configs = [(self.methods[m], b) for m, b in rows]
         storage = storage_options(quantization_for(config.kv_bits)) if config.kv_bits else {}
-        outcomes = decode_rows(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
+        outcomes = decode_configs(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
         # quantized rows are measured against the unquantized full cache
         reference = reference_logprobs(model, states, after, self.methods["full"]) if storage else outcomes[0].logprobs
         records = []

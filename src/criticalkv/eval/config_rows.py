@@ -55,7 +55,7 @@ class RowOutcome:
     batch_rows: int
 
 
-def decode_rows(
+def decode_configs(
     model: Any,
     tokenizer: Any,
     eos: set[int],
