@@ -227,6 +227,7 @@ class CompressedCache(Cache):
         for mine, theirs in zip(self.compressed_layers, clone.compressed_layers, strict=True):
             if mine.prefix is None:
                 raise ValueError("only a cache that already holds a compressed prompt can be forked")
+            mine.settle()  # the clone shares the tiers
             theirs.prefix, theirs.keep, theirs.prefix_len = mine.prefix, mine.keep, mine.prefix_len
             theirs.batch_size, theirs.num_kv_heads, theirs.head_dim = (
                 mine.batch_size,
