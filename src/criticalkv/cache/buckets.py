@@ -61,6 +61,8 @@ class LengthBuckets:
             self.buckets.append(Bucket(start, length, keys, values))
             base[start:end] = offset + length + width * torch.arange(n)
             start, offset = end, offset + n * width
+        #: the buckets as (1, n, L + capacity, d), made once (each decode step only slices them)
+        self._views = [(b.keys[None], b.values[None]) for b in self.buckets]
         base = base.to(device)
         #: per segment in the original order, the flat row of its tail entry 0
         self.tail_base = base if prefix.identity else base[prefix.inv_perm]
@@ -129,25 +131,22 @@ class LengthBuckets:
 
         ``tail_mask`` is (S, Q, tail_len) bool (True = attend), sorted order, or ``None``.
         """
+        q = query[None]  # 4D: sdpa's fused CPU kernel takes (batch, heads, length, d) only
         outs = []
-        for bucket in self.buckets:
+        for bucket, (keys, values) in zip(self.buckets, self._views, strict=True):
             n = int(bucket.keys.shape[0])
             total = bucket.length + tail_len
-            rows = slice(bucket.start, bucket.start + n)
             mask = None
             if tail_mask is not None:
                 prefix_cols = torch.ones(n, query.shape[1], bucket.length, dtype=torch.bool, device=query.device)
-                mask = torch.cat([prefix_cols, tail_mask[rows]], dim=-1)[None]
+                mask = torch.cat([prefix_cols, tail_mask[bucket.start : bucket.start + n]], dim=-1)[None]
+            q_b = q if self.single else q[:, bucket.start : bucket.start + n]
             outs.append(
                 F.scaled_dot_product_attention(
-                    query[None, rows],
-                    bucket.keys[None, :, :total],
-                    bucket.values[None, :, :total],
-                    attn_mask=mask,
-                    scale=scaling,
-                )[0]
+                    q_b, keys[:, :, :total], values[:, :, :total], attn_mask=mask, scale=scaling
+                )
             )
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return (outs[0] if self.single else torch.cat(outs, dim=1))[0]
 
     def tiers(self) -> list[Tier]:
         """The prefix as staircase tiers (:func:`criticalkv.cache.tiers.build_prefix`'s layout):

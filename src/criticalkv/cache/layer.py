@@ -231,13 +231,13 @@ class CompressedLayer(CacheLayerMixin):
         prefix = self.prefix
         q_sorted = query.reshape(b * h, g * q, d)
         if not prefix.identity:
-            q_sorted = q_sorted[prefix.perm]
+            q_sorted = q_sorted.index_select(0, prefix.perm)  # index_select: far cheaper than [perm]
         t = self.tail_len
         tail_mask = None
         if t > 0:
             tail_mask = self._tail_mask(attention_mask, b, g, q, t)
             if tail_mask is not None and not prefix.identity:
-                tail_mask = tail_mask[prefix.perm]
+                tail_mask = tail_mask.index_select(0, prefix.perm)
         if self.fused is not None:
             out = self.fused.attend(q_sorted, tail_mask, t, scaling)
         else:
@@ -251,7 +251,7 @@ class CompressedLayer(CacheLayerMixin):
                 scaling,
             )
         if not prefix.identity:
-            out = out[prefix.inv_perm]
+            out = out.index_select(0, prefix.inv_perm)
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
