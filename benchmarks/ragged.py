@@ -69,6 +69,14 @@ def _step(layer: CompressedLayer, gen: torch.Generator) -> Callable[[], object]:
     return step
 
 
+def _buckets(layer: CompressedLayer) -> int | None:
+    """How many length buckets the layer decodes from (None: the tier path; also on checkouts from
+    before the buckets, whose uniform layers held a (keys, values) pair, so that this script can time
+    them too)."""
+    buckets = getattr(layer.fused, "buckets", None)
+    return None if buckets is None else len(buckets)
+
+
 def one_length(t: int, batch: int, repeats: int, inner: int, gen: torch.Generator) -> list[dict[str, object]]:
     layouts = ("uniform", "ragged, tiers", "ragged, buckets")
     layers = {name: _layer(batch, t, name, gen) for name in layouts}
@@ -92,7 +100,7 @@ def one_length(t: int, batch: int, repeats: int, inner: int, gen: torch.Generato
                 "tokens": t,
                 "batch": batch,
                 "kv_bytes": layers[name].nbytes(),
-                "buckets": None if layers[name].fused is None else len(layers[name].fused.buckets),
+                "buckets": _buckets(layers[name]),
                 "best_ms": best,
                 "median_ms": median,
                 "best_vs_uniform": best / uniform_best,
