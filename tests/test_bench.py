@@ -184,3 +184,17 @@ def test_norm_precision_override_reaches_the_selection(tiny_llama: PreTrainedMod
     assert [r.method for r in records] == ["full", "snapkv", "critical-adakv"]
     with pytest.raises(ValueError, match="norm precision"):
         _config(norm_precision="half")
+
+
+def test_decode_vs_uniform_is_snapkvs_time_at_the_same_budget_over_the_methods() -> None:
+    def record(method: str, budget: float, ms: float, context: int = 4096) -> dict[str, object]:
+        key = {"impl": "criticalkv", "method": method, "context_tokens": context, "budget": budget, "batch_size": 1}
+        times = {"decode_ms_per_token": ms, "compress_s": 0.1, "prefill_s": 1.0, "ttft_s": 1.1, "tokens_per_s": 1.0}
+        return key | times | {"kv_bytes": 1e6 * budget, "kv_ratio": budget}
+
+    records = [record("full", 1.0, 80.0), record("snapkv", 0.2, 60.0), record("adakv", 0.2, 63.0)]
+    records += [record("adakv", 0.4, 70.0), record("adakv", 0.2, 90.0, context=8192)]  # no SnapKV beside them
+    rows = derived(records)
+    assert rows[2]["decode_vs_uniform"] == pytest.approx(60.0 / 63.0)
+    assert [r["decode_vs_uniform"] for r in (rows[0], rows[1], rows[3], rows[4])] == [None] * 4
+    assert "vs snap" in format_table(records) and "0.95x" in format_table(records)

@@ -237,8 +237,10 @@ def test_fork_decodes_like_an_independent_cache() -> None:
     original = prefilled()
     fork = original.fork()
     a, b = decode(fork, 11), decode(original, 23)  # the fork first: the original must not see its steps
-    assert torch.equal(a, decode(prefilled(), 11))
-    assert torch.equal(b, decode(prefilled(), 23))
+    # close, not bitwise: until its first re-selection the fork reads the shared tiers (tier kernel),
+    # an owned cache its length buckets (sdpa)
+    torch.testing.assert_close(a, decode(prefilled(), 11), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b, decode(prefilled(), 23), rtol=1e-5, atol=1e-5)
     assert fork.decode is not None and fork.decode.reselections > 0
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from criticalkv.plotting import pyplot
 
 MB = 1e6
+#: the uniform layout that ``decode_vs_uniform`` compares every other method with, at equal bytes
+UNIFORM = "snapkv"
 
 
 def _key(r: dict[str, Any], **changes: Any) -> tuple[Any, ...]:
@@ -29,8 +31,9 @@ def base_method(method: str) -> str | None:
 
 def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with ratios: decode speed-up over the full cache (same length and batch), over
-    kvpress's same method, and the Critical selection's extra time over its base, as a share
-    of the prefill."""
+    kvpress's same method, over SnapKV at the same budget (``decode_vs_uniform``: a method whose
+    heads keep different counts against the uniform layout holding the same bytes; 1.00x = as
+    fast), and the Critical selection's extra time over its base, as a share of the prefill."""
     index = {_key(r): r for r in records}
     out = []
     for r in records:
@@ -42,6 +45,10 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         other = index.get(_key(r, impl="kvpress")) if r["impl"] == "criticalkv" else None
         row["decode_speedup_vs_kvpress"] = (
             other["decode_ms_per_token"] / r["decode_ms_per_token"] if other and r["decode_ms_per_token"] else None
+        )
+        uniform = index.get(_key(r, method=UNIFORM)) if r["method"] not in (UNIFORM, "full") else None
+        row["decode_vs_uniform"] = (
+            uniform["decode_ms_per_token"] / r["decode_ms_per_token"] if uniform and r["decode_ms_per_token"] else None
         )
         base = base_method(r["method"])
         base_row = index.get(_key(r, method=base)) if base else None
@@ -64,7 +71,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
     """A fixed-width table, one line per record."""
     header = (
         f"{'impl':<10} {'method':<20} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
-        f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} "
+        f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
         f"{'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
@@ -80,7 +87,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} "
             f"{share:>8} "
             f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
-            f"{vs_full:>7} {vs_kvpress:>6} "
+            f"{vs_full:>7} {vs_kvpress:>6} {_ratio(r['decode_vs_uniform']):>7} "
             f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {peak_mb:>7} "
             f"{_fmt(None if rss is None else rss / MB, '>8.0f')}"
         )

@@ -23,6 +23,7 @@ def fork_cache(cache: Any) -> Any:
     for mine, theirs in zip(cache.compressed_layers, clone.compressed_layers, strict=True):
         if mine.prefix is None:
             raise ValueError("only a cache that already holds a compressed prompt can be forked")
+        mine.settle()  # the clone shares the tiers (length buckets hold them otherwise)
         theirs.prefix, theirs.keep, theirs.prefix_len = mine.prefix, mine.keep, mine.prefix_len
         theirs.batch_size, theirs.num_kv_heads, theirs.head_dim = mine.batch_size, mine.num_kv_heads, mine.head_dim
         theirs.device, theirs.dtype, theirs.is_initialized = mine.device, mine.dtype, True

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
+from criticalkv.cache.buckets import LengthBuckets
 from criticalkv.cache.ragged_attention import ragged_attention
 from criticalkv.cache.routing import announce
-from criticalkv.cache.tiers import RaggedPrefix, Tier, build_prefix
+from criticalkv.cache.tiers import RaggedPrefix, build_prefix
 
 #: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)
 MIN_GROWTH = 64
@@ -50,10 +50,10 @@ class CompressedLayer(CacheLayerMixin):
         self.tail_values: torch.Tensor | None = None
         self.tail_len = 0
         self.tail_may_have_padding = False
-        #: uniform layers (every segment keeps the same count) that own their prefix store it and the
-        #: tail in one (S, L + capacity, d) buffer per keys/values once tokens are appended, so decoding
-        #: is a single sdpa call; ``prefix.tiers[0]`` and ``tail_keys``/``tail_values`` are views into it
-        self.fused: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: an owned prefix moves, with the tail, into length buckets (cache/buckets.py) at the first append;
+        #: one bucket (uniform): ``prefix.tiers`` and ``tail_keys``/``tail_values`` are views into it;
+        #: several: those are empty/None until :meth:`settle` (bytes are the buckets', never twice)
+        self.fused: LengthBuckets | None = None
         self.owns_prefix = False
 
     # --- transformers' CacheLayerMixin interface -------------------------------------------------
@@ -109,6 +109,7 @@ class CompressedLayer(CacheLayerMixin):
         """Rebuild the layer for the batch rows ``indices`` (beam search, repeated samples)."""
         if self.prefix is None:
             return
+        self.settle()
         indices = indices.to(self.device).long()
         h, d = self.num_kv_heads, self.head_dim
         old_segments = (indices[:, None] * h + torch.arange(h, device=self.device)).reshape(-1)
@@ -169,9 +170,15 @@ class CompressedLayer(CacheLayerMixin):
             raise ValueError(f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed")
         new_k = key_states.reshape(s, q, d)
         new_v = value_states.reshape(s, q, d)
+        need = self.tail_len + q
+        if self.owns_prefix:
+            self._fuse(need, new_k)
+            assert self.fused is not None
+            self.fused.write(new_k, new_v, self.tail_len)
+            self.tail_len = need
+            return
         if not self.prefix.identity:
             new_k, new_v = new_k[self.prefix.perm], new_v[self.prefix.perm]
-        need = self.tail_len + q
         capacity = 0 if self.tail_keys is None else int(self.tail_keys.shape[1])
         if need > capacity:
             self._grow_tail(need + max(MIN_GROWTH, need // 8))
@@ -180,27 +187,36 @@ class CompressedLayer(CacheLayerMixin):
         self.tail_values[:, self.tail_len : need] = new_v
         self.tail_len = need
 
-    def _fusable(self) -> bool:
-        prefix = self.prefix
-        return prefix is not None and self.owns_prefix and prefix.identity and len(prefix.tiers) == 1
+    def _fuse(self, need: int, like: torch.Tensor) -> None:
+        """Build (first append) or grow the length buckets so that ``need`` tail entries fit."""
+        assert self.prefix is not None
+        capacity = need + max(MIN_GROWTH, need // 8)
+        if self.fused is None:
+            tail = self.tail_keys, self.tail_values
+            self.fused = LengthBuckets.build(self.prefix, *tail, self.tail_len, capacity, like)
+        elif need > self.fused.capacity:
+            self.fused = self.fused.grown(self.prefix, self.tail_len, capacity)
+        else:
+            return
+        # a new prefix object: forks made earlier keep theirs (the old tensors stay valid)
+        single = self.fused.single
+        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers() if single else [])
+        self.tail_keys, self.tail_values = self.fused.tail() if single else (None, None)
+
+    def settle(self) -> None:
+        """Put the entries back in ``prefix.tiers`` and the plain tail (for readers); appends rebucket."""
+        if self.fused is None or self.fused.single or self.prefix is None:
+            return
+        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers())
+        self.tail_keys, self.tail_values = self.fused.tail()
+        self.fused = None
 
     def _grow_tail(self, capacity: int) -> None:
-        """Reallocate the tail with room for ``capacity`` entries per segment (contents kept)."""
+        """Reallocate the plain tail with room for ``capacity`` entries per segment (contents kept)."""
         assert self.prefix is not None
         s, d = self.batch_size * self.num_kv_heads, self.head_dim
-        if self._fusable():
-            tier = self.prefix.tiers[0]
-            width = int(tier.keys.shape[1])
-            grown_k = torch.empty(s, width + capacity, d, dtype=self.dtype, device=self.device)
-            grown_v = torch.empty_like(grown_k)
-            grown_k[:, :width], grown_v[:, :width] = tier.keys, tier.values
-            # a new prefix object: forks made earlier keep theirs (the old tensors stay valid)
-            self.prefix = dataclasses.replace(self.prefix, tiers=[Tier(grown_k[:, :width], grown_v[:, :width])])
-            self.fused = (grown_k, grown_v)
-            tail_k, tail_v = grown_k[:, width:], grown_v[:, width:]
-        else:
-            tail_k = torch.empty(s, capacity, d, dtype=self.dtype, device=self.device)
-            tail_v = torch.empty_like(tail_k)
+        tail_k = torch.empty(s, capacity, d, dtype=self.dtype, device=self.device)
+        tail_v = torch.empty_like(tail_k)
         if self.tail_keys is not None and self.tail_values is not None and self.tail_len:
             tail_k[:, : self.tail_len] = self.tail_keys[:, : self.tail_len]
             tail_v[:, : self.tail_len] = self.tail_values[:, : self.tail_len]
@@ -215,45 +231,27 @@ class CompressedLayer(CacheLayerMixin):
         prefix = self.prefix
         q_sorted = query.reshape(b * h, g * q, d)
         if not prefix.identity:
-            q_sorted = q_sorted[prefix.perm]
+            q_sorted = q_sorted.index_select(0, prefix.perm)  # index_select: far cheaper than [perm]
         t = self.tail_len
         tail_mask = None
         if t > 0:
             tail_mask = self._tail_mask(attention_mask, b, g, q, t)
             if tail_mask is not None and not prefix.identity:
-                tail_mask = tail_mask[prefix.perm]
-        assert self.tail_keys is not None or t == 0
+                tail_mask = tail_mask.index_select(0, prefix.perm)
         if self.fused is not None:
-            return self._attend_fused(query, tail_mask, scaling)
-        out = ragged_attention(
-            q_sorted,
-            prefix.tiers,
-            None if self.tail_keys is None else self.tail_keys[:, :t],
-            None if self.tail_values is None else self.tail_values[:, :t],
-            tail_mask,
-            scaling,
-        )
+            out = self.fused.attend(q_sorted, tail_mask, t, scaling)
+        else:
+            assert self.tail_keys is not None or t == 0
+            out = ragged_attention(
+                q_sorted,
+                prefix.tiers,
+                None if self.tail_keys is None else self.tail_keys[:, :t],
+                None if self.tail_values is None else self.tail_values[:, :t],
+                tail_mask,
+                scaling,
+            )
         if not prefix.identity:
-            out = out[prefix.inv_perm]
-        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
-
-    def _attend_fused(self, query: torch.Tensor, tail_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-        """Uniform layers: one sdpa call over the prefix and tail held in one buffer."""
-        assert self.fused is not None and self.prefix is not None
-        b, h_q, q, d = query.shape
-        h = self.num_kv_heads
-        g = h_q // h
-        width = int(self.prefix.tiers[0].keys.shape[1])
-        total = width + self.tail_len
-        keys = self.fused[0].view(b, h, -1, d)[:, :, :total]
-        values = self.fused[1].view(b, h, -1, d)[:, :, :total]
-        mask = None
-        if tail_mask is not None:
-            prefix_cols = torch.ones(b * h, g * q, width, dtype=torch.bool, device=query.device)
-            mask = torch.cat([prefix_cols, tail_mask], dim=-1).view(b, h, g * q, total)
-        out = F.scaled_dot_product_attention(
-            query.reshape(b, h, g * q, d), keys, values, attn_mask=mask, scale=scaling
-        )  # (B, H_kv, G*q, d)
+            out = out.index_select(0, prefix.inv_perm)
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
@@ -283,6 +281,8 @@ class CompressedLayer(CacheLayerMixin):
     # --- accounting ------------------------------------------------------------------------------
     def nbytes(self) -> int:
         """Bytes held by this layer's keys and values (tail capacity included)."""
+        if self.fused is not None:
+            return self.fused.nbytes()
         total = 0 if self.prefix is None else self.prefix.nbytes()
         for tensor in (self.tail_keys, self.tail_values):
             if tensor is not None:
@@ -295,4 +295,6 @@ class CompressedLayer(CacheLayerMixin):
         return self.prefix.lengths.view(self.batch_size, self.num_kv_heads) + self.tail_len
 
     def tail_capacity(self) -> int:
+        if self.fused is not None:
+            return self.fused.capacity
         return 0 if self.tail_keys is None else int(self.tail_keys.shape[1])

@@ -72,6 +72,7 @@ def _json_options(method: Method) -> dict[str, Any]:
 
 
 def _layer_tensors(i: int, layer: CompressedLayer) -> dict[str, torch.Tensor]:
+    layer.settle()  # tiers and tail hold the entries (length buckets hold them only while decoding)
     prefix = layer.prefix
     if prefix is None or layer.keep is None:
         raise ValueError("only a cache that holds a compressed prompt can be saved; prefill it first")

@@ -36,6 +36,7 @@ class UnionLayout:
 
 def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     """(S, L, d) keys and values of every segment's prefix, original segment order, zero-padded."""
+    layer.settle()
     prefix = layer.prefix
     assert prefix is not None
     s, d = layer.batch_size * layer.num_kv_heads, layer.head_dim
@@ -54,6 +55,7 @@ def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tail_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     """(S, t, d) keys and values of every segment's tail, original segment order."""
+    layer.settle()
     assert layer.prefix is not None
     t = layer.tail_len
     if not t or layer.tail_keys is None or layer.tail_values is None:
