@@ -10,6 +10,9 @@ cache's NLL, top-1 agreement, KL(full || compressed)). Writes ``steps.jsonl``, `
     PYTHONPATH=src python benchmarks/decode_compression.py --out docs/results/decode-compression \
         --prompt-tokens 1024 --new-tokens 1024 --decode-budget 512 --decode-interval 64 \
         --methods adakv critical-adakv
+
+``--kvpress snapkv critical-snapkv`` adds kvpress's ``PrefillDecodingPress`` for those methods (each on
+its own plain model copy; needs the ``[bench]`` extra, e.g. ``make test-kvpress``'s ``.venv-kvpress``).
 """
 
 from __future__ import annotations
