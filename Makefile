@@ -7,7 +7,13 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.criticalkv-installed
 
-.PHONY: install test lint demo clean reproduce
+.PHONY: install test lint demo clean reproduce test-kvpress
+
+# kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest)
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_PY := $(KVPRESS_VENV)/bin/python
+KVPRESS_STAMP := $(KVPRESS_VENV)/.criticalkv-installed
+KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +23,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(KVPRESS_STAMP): pyproject.toml
+	test -x $(KVPRESS_PY) || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_PY) -m pip install --quiet --upgrade pip
+	$(KVPRESS_PY) -c "import torch" 2>/dev/null || $(KVPRESS_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(KVPRESS_PY) -m pip install --quiet -e ".[bench]" "pytest>=8"
+	touch $(KVPRESS_STAMP)
+
+# the tests that skip without kvpress, where it imports (an import failure fails the target)
+test-kvpress: $(KVPRESS_STAMP)
+	$(KVPRESS_PY) -c "import kvpress"
+	$(KVPRESS_PY) -m pytest -q -p no:cacheprovider $(KVPRESS_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -32,7 +50,7 @@ demo: $(STAMP)
 # `make reproduce`: every sweep behind docs/results/claims.md (each resumable: an interrupted run
 # continues where it stopped), then the generator. Run times per step: docs/results/claims.md.
 CKV := $(VENV)/bin/criticalkv
-RULER_TASKS ?= all
+RULER_TASKS ?= niah_single_1,niah_single_2,niah_multikey_1,niah_multikey_2,niah_multiquery,niah_multivalue,fwe
 RULER_SAMPLES ?= 20
 reproduce: $(STAMP)
 	$(CKV) eval --benchmark ruler --tasks $(RULER_TASKS) --lengths 1024 \
@@ -49,4 +67,4 @@ reproduce: $(STAMP)
 	    --out docs/results/claims.md
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(KVPRESS_VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -10,6 +10,9 @@ cache's NLL, top-1 agreement, KL(full || compressed)). Writes ``steps.jsonl``, `
     PYTHONPATH=src python benchmarks/decode_compression.py --out docs/results/decode-compression \
         --prompt-tokens 1024 --new-tokens 1024 --decode-budget 512 --decode-interval 64 \
         --methods adakv critical-adakv
+
+``--kvpress snapkv critical-snapkv`` adds kvpress's ``PrefillDecodingPress`` for those methods (each on
+its own plain model copy; needs the ``[bench]`` extra, e.g. ``make test-kvpress``'s ``.venv-kvpress``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,36 @@ def buckets(new_tokens: int) -> list[tuple[int, int]]:
     return [(a, min(b, new_tokens)) for a, b in itertools.pairwise(edges) if a < new_tokens]
 
 
+def cache_names(args: argparse.Namespace) -> list[str]:
+    """The full cache, ours (``--methods``), then kvpress's (``kvpress:<method>``, ``--kvpress``)."""
+    return ["full", *args.methods, *(f"kvpress:{m}" for m in args.kvpress)]
+
+
+def kvpress_streams(args: argparse.Namespace, prompt_tokens: int) -> dict[str, Any]:
+    """One plain model copy per kvpress press (a press hooks every attention module of its model)."""
+    if not args.kvpress:
+        return {}
+    from criticalkv.bench.kvpress_decode import KvpressDecodeStream, kvpress_decode_press
+    from criticalkv.bench.kvpress_impl import import_kvpress
+
+    kvpress = import_kvpress()
+    if kvpress is None:
+        raise SystemExit("--kvpress needs kvpress: pip install 'criticalkv[bench]' (transformers < 5.3)")
+    streams = {}
+    for method in args.kvpress:
+        press = kvpress_decode_press(
+            kvpress,
+            method,
+            prompt_tokens=prompt_tokens,
+            prefill_budget=args.prefill_budget,
+            window=args.window,
+            budget=args.decode_budget,
+            interval=args.decode_interval,
+        )
+        streams[f"kvpress:{method}"] = KvpressDecodeStream(load_model(args.model)[0], press)
+    return streams
+
+
 @torch.no_grad()
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
@@ -51,7 +84,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
     mask = torch.ones_like(ids)
-    names = ["full", *args.methods]
+    names = cache_names(args)
     caches = {"full": CompressedCache.for_model(model, "full", 1.0, window=args.window)}
     for method in args.methods:
         caches[method] = CompressedCache.for_model(
@@ -62,8 +95,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             decode_budget=args.decode_budget,
             decode_interval=args.decode_interval,
         )
+    streams = kvpress_streams(args, args.prompt_tokens)
+
+    def kv_bytes(name: str) -> int:
+        return streams[name].kv_bytes() if name in streams else caches[name].kv_bytes()
+
     logits: dict[str, torch.Tensor] = {}
     for name in names:
+        if name in streams:
+            logits[name] = streams[name].prefill(ids)
+            continue
         out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, caches[name]), logits_to_keep=1)
         logits[name] = out.logits[:, -1].float()
     records = []
@@ -76,19 +117,29 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             record[f"{name}/nll"] = float(-lp[0, token])
             record[f"{name}/top1"] = int(lp.argmax(-1)) == token
             record[f"{name}/kl"] = float((ref.exp() * (ref - lp)).sum())
-            record[f"{name}/kv_bytes"] = caches[name].kv_bytes()
+            record[f"{name}/kv_bytes"] = kv_bytes(name)
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], dim=1)
         position = torch.tensor([[mask.shape[1] - 1]])
         nxt = torch.tensor([[token]])
         for name in names:
             started = time.perf_counter()
-            cache = cache_argument(model, caches[name])
-            out = model(input_ids=nxt, attention_mask=mask, position_ids=position, **cache)
+            if name in streams:
+                logits[name] = streams[name].step(token)
+            else:
+                cache = cache_argument(model, caches[name])
+                out = model(input_ids=nxt, attention_mask=mask, position_ids=position, **cache)
+                logits[name] = out.logits[:, -1].float()
             record[f"{name}/ms"] = 1000 * (time.perf_counter() - started)
-            logits[name] = out.logits[:, -1].float()
-            record[f"{name}/kv_bytes_after"] = caches[name].kv_bytes()
+            record[f"{name}/kv_bytes_after"] = kv_bytes(name)
         records.append(record)
     for name in names:
+        if name in streams:
+            stream = streams[name]
+            stream.close()
+            extra = {"peak": stream.peak_bytes, "final": stream.kv_bytes()}
+            extra.update(reselections=stream.compressions, reselect_s=stream.compress_seconds)
+            records.append({"cache": name, **extra})
+            continue
         cache = caches[name]
         decode = cache.decode
         extra = {"peak": cache.kv_bytes_peak(), "final": cache.kv_bytes()}
@@ -101,7 +152,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def summarise(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     steps = [r for r in records if "position" in r]
     finals = {r["cache"]: r for r in records if "cache" in r}
-    names = ["full", *args.methods]
+    names = cache_names(args)
     out: dict[str, Any] = {"config": vars(args), "buckets": [], "caches": {}}
     for lo, hi in buckets(len(steps)):
         chunk = steps[lo:hi]
@@ -172,6 +223,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--methods", nargs="+", default=["adakv", "critical-adakv"])
+    parser.add_argument(
+        "--kvpress",
+        nargs="*",
+        default=[],
+        help="also run kvpress's PrefillDecodingPress for these methods (snapkv, critical-snapkv, knorm)",
+    )
     parser.add_argument("--prefill-budget", type=int, default=512, help="entries per head kept of the prompt")
     parser.add_argument("--decode-budget", type=int, default=512)
     parser.add_argument("--decode-interval", type=int, default=64)
@@ -186,7 +243,7 @@ def main() -> None:
     summary = summarise(records, args)
     args.out = str(args.out)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
-    names = ["full", *args.methods]
+    names = cache_names(args)
     (Path(args.out) / "summary.md").write_text(markdown(summary, names))
     plot(records, names, Path(args.out) / "decode_compression.png")
     print(markdown(summary, names))

@@ -1,5 +1,5 @@
 """TOVA, KeyDiff and Expected Attention against loop-based references of their definitions, their
-RoPE handling on real models, and (where kvpress is installed) against kvpress's presses."""
+RoPE handling on real models; against kvpress's presses: tests/test_kvpress_agreement.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import criticalkv as ckv
-from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.scores import ExpectedAttention, KeyDissimilarity, LastQueryAttention
 from criticalkv.scores.rope import rope_frequencies, unrotate
 from tests.conftest import make_tiny, padded_batch
@@ -139,52 +138,3 @@ def test_critical_variants_compose_the_same_scores(name: str, scorer: object) ->
     assert method.scores == scorer
     assert isinstance(method.select, ckv.select.Critical)
     assert method.budgets == ckv.get_method(name.removeprefix("critical-")).budgets
-
-
-# --- against kvpress (the [bench] extra; kvpress pins transformers < 5.3, so usually skipped) -----
-
-KVPRESS = import_kvpress()
-#: our method -> (kvpress press factory, positions where the definitions differ on purpose)
-KVPRESS_PRESSES = {
-    "tova": lambda kp: kp.TOVAPress(),  # kvpress gives the last token the maximum; we keep the window
-    "keydiff": lambda kp: kp.KeyDiffPress(),
-    "expected-attention": lambda kp: kp.ExpectedAttentionPress(),  # sinks: kvpress's batch max, ours the head's
-}
-
-
-@pytest.mark.skipif(KVPRESS is None, reason="kvpress is not installed (pip install 'criticalkv[bench]')")
-@pytest.mark.parametrize("name", sorted(KVPRESS_PRESSES))
-@torch.no_grad()
-def test_same_scores_and_kept_entries_as_kvpress(name: str) -> None:
-    """One unpadded row on a tiny Llama: kvpress's ``score`` on each layer's inputs equals ours outside
-    the entries both always keep, and top-k of its scores keeps what our uniform budget keeps."""
-    model = make_tiny("llama")
-    ids, mask = padded_batch([80], seed=3)
-    window, budget = 4, 24
-    inputs: list[tuple[torch.Tensor, dict[str, object]]] = []
-    hooks = [
-        layer.self_attn.register_forward_pre_hook(
-            lambda _m, args, kw: inputs.append((kw["hidden_states"], kw)), with_kwargs=True
-        )
-        for layer in model.model.layers
-    ]
-    try:
-        states, _ = ckv.runtime.capture_prefill(model, ids, mask, window=window, num_queries="all")  # type: ignore[arg-type]
-    finally:
-        for hook in hooks:
-            hook.remove()
-    press = KVPRESS_PRESSES[name](KVPRESS)
-    method = ckv.get_method(name)
-    assert method.scores is not None
-    ignore = 4 if name == "expected-attention" else 0  # the sinks, scored differently (see above)
-    for state, layer, (hidden, kwargs) in zip(states, model.model.layers, inputs, strict=True):
-        theirs = press.score(layer.self_attn, hidden, state.keys, state.values, None, kwargs).float()
-        ours = method.scores(state)
-        t = state.seq_len
-        torch.testing.assert_close(ours[..., ignore : t - 1], theirs[..., ignore : t - 1], rtol=1e-4, atol=1e-6)
-        kept = method.keep_mask(state, torch.tensor([budget]))
-        forced = theirs.masked_fill(state.window_mask, float("inf"))
-        forced[..., :ignore] = float("inf")
-        top = torch.zeros_like(kept)
-        top.scatter_(-1, forced.topk(budget, dim=-1).indices, True)
-        assert torch.equal(kept, top)

@@ -30,9 +30,9 @@ class ExpectedAttention(Scorer):
     they are kept first (kvpress does the same).
 
     Where this differs from kvpress 0.5: the query statistics come from the model's actual queries
-    (kvpress recomputes them from the hidden states with ``q_proj``'s weight alone, dropping a query
-    bias such as Qwen2's), padding is excluded per row, and the sinks get their head's maximum
-    rather than the batch's.
+    (kvpress recomputes them from the hidden states with ``q_proj``, which gives the same queries,
+    query bias included: tests/test_kvpress_agreement.py), padding is excluded per row, and the
+    sinks get their head's maximum rather than the batch's.
 
     Parameters
     ----------

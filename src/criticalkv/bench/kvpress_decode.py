@@ -1,0 +1,116 @@
+"""kvpress's decode-time compression (``DecodingPress``) driven one token at a time, for side-by-side
+runs with criticalkv's decode budget (``benchmarks/decode_compression.py``).
+
+kvpress 0.5.5 compresses during decoding with ``DecodingPress(base_press, compression_interval,
+target_size)``: every ``compression_interval`` decode steps, per layer, the whole cache (prompt and
+generated entries) is cut back to ``target_size`` entries per KV head by the base press's scores.
+``PrefillDecodingPress`` adds a prefill press, so the prompt is compressed too, as criticalkv's
+``prefill budget + decode budget`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from criticalkv.bench.ours import dynamic_cache_bytes
+
+#: our method names -> a factory of kvpress's scorer press for it (window size); uniform budgets only,
+#: since kvpress's AdaKV presses mask entries instead of removing them (its cache would not shrink)
+KVPRESS_DECODE_METHODS: dict[str, Callable[[Any, int], Any]] = {
+    "snapkv": lambda kp, window: kp.SnapKVPress(window_size=window),
+    "critical-snapkv": lambda kp, window: kp.CriticalKVPress(kp.SnapKVPress(window_size=window)),
+    "knorm": lambda kp, window: kp.KnormPress(),
+}
+
+
+def kvpress_decode_press(
+    kvpress: Any, method: str, *, prompt_tokens: int, prefill_budget: int, window: int, budget: int, interval: int
+) -> Any:
+    """kvpress's ``PrefillDecodingPress`` for ``method``: the prompt cut to ``prefill_budget`` entries,
+    then the cache cut back to ``budget`` entries every ``interval`` decode steps."""
+    if method not in KVPRESS_DECODE_METHODS:
+        raise ValueError(f"kvpress has no decode press for {method!r}; it has: {', '.join(KVPRESS_DECODE_METHODS)}")
+    if not 0 < prefill_budget <= prompt_tokens:
+        raise ValueError(f"the prefill budget must be in 1..{prompt_tokens} tokens, not {prefill_budget}")
+    if budget <= window or interval < 1:
+        raise ValueError(f"the decode budget must exceed the window ({window}) and the interval be >= 1")
+    prefill = KVPRESS_DECODE_METHODS[method](kvpress, window)
+    ratio = 1.0 - prefill_budget / prompt_tokens
+    if kvpress.utils.compute_n_kept(prompt_tokens, ratio) != prefill_budget:  # int() rounding: keep one more ulp
+        ratio = math.nextafter(ratio, 0.0)
+    if kvpress.utils.compute_n_kept(prompt_tokens, ratio) != prefill_budget:
+        raise ValueError(f"no kvpress compression ratio keeps exactly {prefill_budget} of {prompt_tokens} tokens")
+    prefill.compression_ratio = ratio
+    decoding = kvpress.DecodingPress(
+        base_press=KVPRESS_DECODE_METHODS[method](kvpress, window),
+        compression_interval=interval,
+        target_size=budget,
+    )
+    return kvpress.PrefillDecodingPress(prefilling_press=prefill if ratio > 0 else None, decoding_press=decoding)
+
+
+class KvpressDecodeStream:
+    """One batch-1 prompt under a kvpress press, fed one token at a time (kvpress's own way: position
+    ids, no attention mask, a ``DynamicCache`` that the press shrinks in place).
+
+    The press's hooks stay registered from :meth:`prefill` until :meth:`close` (``DecodingPress``
+    counts steps per layer inside its context). ``model`` must be a plain model of its own: the
+    press hooks every attention module of it.
+    """
+
+    def __init__(self, model: Any, press: Any) -> None:
+        self.model = model
+        self.press = press
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+        self.peak_bytes = 0
+        self.compressions = 0
+        self.compress_seconds = 0.0
+        self._stack = contextlib.ExitStack()
+        decoding = press.decoding_press
+        inner = decoding.compress
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            result = inner(*args, **kwargs)
+            self.compress_seconds += time.perf_counter() - started
+            self.compressions += 1
+            return result
+
+        decoding.compress = timed
+
+    def _forward(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        n = int(ids.shape[1])
+        position_ids = torch.arange(self.length, self.length + n, device=ids.device)[None]
+        out = self.model(input_ids=ids, past_key_values=self.cache, position_ids=position_ids, **kwargs)
+        self.length += n
+        self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
+        return out.logits[:, -1].float()
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prefill (1, T) ``ids`` under the press; the (1, V) float32 logits of the last position."""
+        if ids.shape[0] != 1:
+            raise ValueError("KvpressDecodeStream takes one row (kvpress's DecodingPress budgets are per cache)")
+        self._stack.enter_context(self.press(self.model))
+        return self._forward(ids, logits_to_keep=1)
+
+    @torch.no_grad()
+    def step(self, token: int) -> torch.Tensor:
+        """Append one token; the (1, V) float32 logits after it."""
+        return self._forward(torch.tensor([[token]], device=self.model.device))
+
+    def kv_bytes(self) -> int:
+        """Bytes of the keys and values the cache holds now."""
+        return dynamic_cache_bytes(self.cache)
+
+    def close(self) -> None:
+        """Remove the press's hooks (and reset its decode buffers)."""
+        self._stack.close()
