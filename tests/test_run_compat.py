@@ -131,3 +131,24 @@ def test_resuming_a_committed_folder_recomputes_the_same_records(tmp_path: Path)
             assert new[field] == pytest.approx(old[field], abs=1e-4), field
         same = set(old) - TIMINGS - {"nll", "kl", "top1", "partial"}
         assert {k: new[k] for k in same} == {k: old[k] for k in same}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "there"),
+    [("norm_precision", "exact", "'exact'"), ("kv_bits", 8, "8"), ("decode_budget", 512, "512")],
+)
+def test_a_folder_made_with_an_optional_setting_never_resumes_without_it(
+    tmp_path: Path, option: str, value: Any, there: str
+) -> None:
+    """An option recorded only when set is still compared when the new command omits it."""
+    out = _copy(RULER_FOLDERS[0].parent, tmp_path)
+    _, recorded = _recorded(out / store.RUN)
+    recorded = {**recorded, "methods": ["full", "snapkv", "critical-snapkv"]}  # they all re-select
+    with_option = _config(recorded, out, **{option: value})
+    store.open_run(tmp_path / "fresh", with_option.identity(), with_option.to_json())
+    plain = _config(recorded, tmp_path / "fresh")
+    with pytest.raises(ValueError, match=rf"different configuration .*{option}: {there} there, None now"):
+        store.open_run(tmp_path / "fresh", plain.identity(), plain.to_json())
+    # and the other way round: a plain folder refuses the option
+    with pytest.raises(ValueError, match=rf"{option}: None there, {there} now"):
+        store.open_run(out, with_option.identity(), with_option.to_json())
