@@ -9,7 +9,9 @@ from transformers import DynamicCache
 
 import criticalkv as ckv
 from criticalkv.compat import cache_argument
+from criticalkv.runtime import capture_prefill
 from tests.conftest import ARCHS, make_tiny, padded_batch, tolerance
+from tests.prefill_paths import TINY_REPEAT
 from tests.quantized_reference import QUANT, Quantized
 from tests.reference import KEEP
 from tests.synthetic_scores import synthetic_head_scores
@@ -40,20 +42,20 @@ def run_against_reference(
     ref.set_attn_implementation("quantized_reference")
     ids, mask = padded_batch([48, 37], seed=1, device=device)
     pos = positions(mask)
-    cache = ckv.CompressedCache.for_model(
-        ours,
-        method,
-        0.3,
-        window=6,
-        head_scores=synthetic_head_scores(ours),
-        kv_bits=bits,
-        kv_group_size=group,
-        kv_residual=residual,
-    )
-    out = ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache))
+    storage = {"kv_bits": bits, "kv_group_size": group, "kv_residual": residual}
+    bound = ckv.bind(ckv.get_method(method), ours, synthetic_head_scores(ours))
+    if bound.needs.reconstruction:  # KVzip: the runtime's captured prefill + reconstruction pass
+        n = int(ids.shape[1])
+        states, logits = capture_prefill(
+            ours, ids, mask, window=6, num_queries=n, logits_to_keep=n, reconstruction=TINY_REPEAT
+        )
+        cache = ckv.CompressedCache.from_states(states, bound, 0.3, window=6, **storage)
+    else:
+        cache = ckv.CompressedCache(ours.config.num_hidden_layers, bound, 0.3, window=6, **storage)
+        logits = ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache)).logits
     ref_cache = DynamicCache(config=ref.config)
     ref_out = ref(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache))
-    worst = float((out.logits - ref_out.logits)[mask.bool()].abs().max())  # the prefill is not quantized
+    worst = float((logits - ref_out.logits)[mask.bool()].abs().max())  # the prefill is not quantized
     keeps = cache.keep_masks()
     tokens = (KEEP.set(keeps), QUANT.set(Quantized(keeps, bits, group, residual)))
     try:
