@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from criticalkv.cache.quantized_store import QuantizedBlocks, quantize_blocks
-from criticalkv.cache.tiers import RaggedPrefix
+from criticalkv.cache.tiers import RaggedPrefix, segment_order
 
 
 @dataclass
@@ -47,11 +47,7 @@ def build_quantized_prefix(
     """Quantize the kept entries of (B, H_kv, T, d) ``keys``/``values`` (``keep``: (B, H_kv, T))."""
     b, h, t, d = keys.shape
     s = b * h
-    keep_s = keep.reshape(s, t)
-    lengths = keep_s.sum(-1)
-    perm = torch.argsort(lengths, descending=True, stable=True)
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(s, device=perm.device)
+    keep_s, lengths, perm, inv_perm = segment_order(keep)
     counts = (lengths + group - 1) // group  # blocks per segment
     sorted_counts = counts[perm]
     longest = int(sorted_counts[0]) * group if s else 0

@@ -57,6 +57,19 @@ class RaggedPrefix:
         return torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])
 
 
+def segment_order(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(keep_s, lengths, perm, inv_perm)`` of a (B, H_kv, T) keep mask: the mask as (S, T)
+    segments, each segment's kept count, the order sorting segments longest first (stable) and its
+    inverse."""
+    s = keep.shape[0] * keep.shape[1]
+    keep_s = keep.reshape(s, keep.shape[-1])
+    lengths = keep_s.sum(-1)
+    perm = torch.argsort(lengths, descending=True, stable=True)
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(s, device=perm.device)
+    return keep_s, lengths, perm, inv_perm
+
+
 def build_prefix(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -> RaggedPrefix:
     """Gather the kept entries of (B, H_kv, T, d) ``keys``/``values`` into tiers.
 
@@ -64,11 +77,7 @@ def build_prefix(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -
     """
     b, h, t, d = keys.shape
     s = b * h
-    keep_s = keep.reshape(s, t)
-    lengths = keep_s.sum(-1)
-    perm = torch.argsort(lengths, descending=True, stable=True)
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(s, device=perm.device)
+    keep_s, lengths, perm, inv_perm = segment_order(keep)
     sorted_lengths = lengths[perm]
     # kept positions first, in position order, per segment
     positions = torch.argsort((~keep_s).to(torch.int8), dim=-1, stable=True)
