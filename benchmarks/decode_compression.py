@@ -199,21 +199,35 @@ def markdown(summary: dict[str, Any], names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(records: list[dict[str, Any]], names: list[str], path: Path, smooth: int = 32) -> None:
+def plot_steps(
+    steps: list[dict[str, Any]],
+    names: list[str],
+    path: Path,
+    *,
+    smooth: int,
+    bytes_key: str,
+    bytes_label: str = "KV cache MiB",
+    linewidth: float | None = None,
+) -> None:
+    """ms/token (rolling median) and KV MiB (``<name>/<bytes_key>``) against the generated position."""
     plt = pyplot()
-    steps = [r for r in records if "position" in r]
     fig, (ax_ms, ax_mb) = plt.subplots(1, 2, figsize=(11, 4))
     for name in names:
         ms = torch.tensor([r[f"{name}/ms"] for r in steps])
         rolled = ms.unfold(0, smooth, 1).median(-1).values if len(ms) >= smooth else ms
-        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name)
-        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/kv_bytes_after"] / 2**20 for r in steps], label=name)
+        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name, linewidth=linewidth)
+        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/{bytes_key}"] / 2**20 for r in steps], label=name)
     ax_ms.set(xlabel="generated position", ylabel=f"decode ms/token (rolling median of {smooth})")
-    ax_mb.set(xlabel="generated position", ylabel="KV cache MiB")
+    ax_mb.set(xlabel="generated position", ylabel=bytes_label)
     ax_ms.legend()
     ax_mb.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot(records: list[dict[str, Any]], names: list[str], path: Path, smooth: int = 32) -> None:
+    steps = [r for r in records if "position" in r]
+    plot_steps(steps, names, path, smooth=smooth, bytes_key="kv_bytes_after")
 
 
 def main() -> None:

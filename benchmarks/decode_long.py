@@ -30,8 +30,7 @@ import torch
 
 from criticalkv import CompressedCache, attach, load_model
 from criticalkv.compat import cache_argument
-from criticalkv.plotting import pyplot
-from decode_compression import prompt_ids
+from decode_compression import plot_steps, prompt_ids
 
 #: the issue's position buckets (generated tokens)
 EDGES = (0, 512, 1024, 2048, 4096)
@@ -212,19 +211,8 @@ def markdown(summary: dict[str, Any], names: list[str]) -> str:
 
 def plot(steps: list[dict[str, Any]], names: list[str], path: Path, smooth: int = 64) -> None:
     """ms/token (rolling median) and KV MiB against the generated position, one line per cache."""
-    plt = pyplot()
-    fig, (ax_ms, ax_mb) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in names:
-        ms = torch.tensor([r[f"{name}/ms"] for r in steps])
-        rolled = ms.unfold(0, smooth, 1).median(-1).values if len(ms) >= smooth else ms
-        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name, linewidth=0.9)
-        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/kv_bytes"] / 2**20 for r in steps], label=name)
-    ax_ms.set(xlabel="generated position", ylabel=f"decode ms/token (rolling median of {smooth})")
-    ax_mb.set(xlabel="generated position", ylabel="KV cache MiB (tail capacity included)")
-    ax_ms.legend()
-    ax_mb.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    label = "KV cache MiB (tail capacity included)"
+    plot_steps(steps, names, path, smooth=smooth, bytes_key="kv_bytes", bytes_label=label, linewidth=0.9)
 
 
 def write_summary(folders: list[Path], dest: Path, entry_bytes: int) -> None:
