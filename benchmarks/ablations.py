@@ -35,6 +35,7 @@ VARIANTS: tuple[tuple[str, str], ...] = (
     ("alpha = 0.25", ":alpha=0.25"),
     ("alpha = 0.75", ":alpha=0.75"),
     ("plain ||V||_1 (no W_O)", ":projected=false"),
+    ("L2 ||V W_O||_2, Gram form", ":gram=true:p=2"),
 )
 BUDGETS = (0.1, 0.2, 0.4)
 START, END = "<!-- ablation-table:start -->", "<!-- ablation-table:end -->"
