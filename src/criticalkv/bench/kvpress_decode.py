@@ -36,6 +36,27 @@ KVPRESS_DECODE_METHODS: dict[str, Callable[[Any, int], Any]] = {
 }
 
 
+#: methods whose kvpress press scores by the last ``window`` queries: kvpress's ``DecodingPress``
+#: hands them the hidden states of the last ``interval`` steps, which must outnumber the window
+WINDOWED = ("snapkv", "critical-snapkv")
+
+
+def kvpress_decode_unavailable(method: str, window: int, interval: int) -> str | None:
+    """Why kvpress's ``DecodingPress`` cannot run ``method`` at this window and interval (``None``: it can)."""
+    if method not in KVPRESS_DECODE_METHODS:
+        have = ", ".join(KVPRESS_DECODE_METHODS)
+        return (
+            f"{method}: kvpress has no DecodingPress counterpart (uniform scorer presses only: {have}; "
+            "its head-varying presses mask entries, so its cache would not shrink)"
+        )
+    if method in WINDOWED and interval <= window:
+        return (
+            f"{method}: kvpress's DecodingPress scores on the last {interval} decode steps' queries, which must "
+            f"outnumber the window ({window}): give a decode interval above {window} to pair it"
+        )
+    return None
+
+
 def kvpress_decode_press(
     kvpress: Any, method: str, *, prompt_tokens: int, prefill_budget: int, window: int, budget: int, interval: int
 ) -> Any:

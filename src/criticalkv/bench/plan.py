@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.bench.config import BenchConfig
-from criticalkv.bench.kvpress_decode import KVPRESS_DECODE_METHODS
+from criticalkv.bench.kvpress_decode import KVPRESS_DECODE_METHODS, kvpress_decode_unavailable
 from criticalkv.bench.kvpress_impl import KVPRESS_METHODS
 from criticalkv.bench.ours import StorageOptions
 from criticalkv.budgets.resolve import Budget
@@ -83,14 +83,14 @@ def plan_runs(
                 for method in config.methods:
                     runs.append(Run("criticalkv", method, length, budget, batch, decode))
                     if kvpress:
-                        runs += _kvpress_runs(method, length, budget, batch, decode, None, notes)
+                        runs += _kvpress_runs(method, length, budget, batch, decode, None, config.window, notes)
                     if storage is None:
                         continue
                     runs.append(Run("criticalkv", method, length, budget, batch, None, storage))
                     if kvpress and quanto is not None:
                         notes[f"kvpress on a quantized cache not measured: {quanto}"] = None
                     elif kvpress:
-                        runs += _kvpress_runs(method, length, budget, batch, None, storage, notes)
+                        runs += _kvpress_runs(method, length, budget, batch, None, storage, config.window, notes)
     return runs, list(notes)
 
 
@@ -101,17 +101,16 @@ def _kvpress_runs(
     batch: int,
     decode: tuple[int, int] | None,
     storage: StorageOptions | None,
+    window: int,
     notes: dict[str, None],
 ) -> list[Run]:
-    if not kvpress_counterpart(method, decode=decode is not None):
-        if decode is not None:
-            have = ", ".join(KVPRESS_DECODE_METHODS)
-            notes[
-                f"{method}: kvpress has no DecodingPress counterpart (uniform scorer presses only: {have}; "
-                "its head-varying presses mask entries, so its cache would not shrink)"
-            ] = None
-        else:
-            notes[f"{method}: kvpress has no counterpart press"] = None
+    if decode is not None:
+        reason = kvpress_decode_unavailable(method, window, decode[1])
+        if reason is not None:
+            notes[reason] = None
+            return []
+    elif not kvpress_counterpart(method, decode=False):
+        notes[f"{method}: kvpress has no counterpart press"] = None
         return []
     if decode is None and not isinstance(budget, float):
         notes[f"budget {budget} tokens: kvpress's prompt presses take kept fractions only"] = None
