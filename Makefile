@@ -13,7 +13,7 @@ STAMP := $(VENV)/.criticalkv-installed
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_PY := $(KVPRESS_VENV)/bin/python
 KVPRESS_STAMP := $(KVPRESS_VENV)/.criticalkv-installed
-KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py
+KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py tests/test_bench_kvpress_pairs.py
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -241,7 +241,7 @@ def main() -> None:
         "--kvpress",
         nargs="*",
         default=[],
-        help="also run kvpress's PrefillDecodingPress for these methods (snapkv, critical-snapkv, knorm)",
+        help="also run kvpress's PrefillDecodingPress for these methods (snapkv, critical-snapkv, knorm, streamingllm)",
     )
     parser.add_argument("--prefill-budget", type=int, default=512, help="entries per head kept of the prompt")
     parser.add_argument("--decode-budget", type=int, default=512)

@@ -74,7 +74,7 @@ def test_old_records_without_decode_fields_keep_their_key() -> None:
         ({"decode_budget": 4}, "below the observation window"),
         ({"decode_budget": 16, "decode_interval": 0}, "decode_interval must be a positive"),
         ({"decode_budget": 16, "methods": ["expected-attention"]}, "cannot re-select while decoding"),
-        ({"decode_budget": 16, "kvpress": "on"}, "kvpress is not measured under a decode budget"),
+        ({"decode_budget": 16, "kv_bits": 4}, "cannot be combined with quantized storage"),
         ({"decode_budget": 16.5}, "token count per KV head"),
     ],
 )
@@ -94,7 +94,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_decode_budget_records(tiny_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "--model", str(tiny_folder), "--context-lengths", "96", "--methods", "snapkv", "--budgets", "1.0"]
     argv += ["--decode-tokens", "30", "--window", "8", "--decode-budget", "16", "--decode-interval", "8", "--json"]
-    assert main(argv) == 0  # --kvpress auto: kvpress is not compared under a decode budget
+    assert main([*argv, "--kvpress", "off"]) == 0
     records = json.loads(capsys.readouterr().out)
     assert [(r["impl"], r["method"], r["decode_budget"]) for r in records] == [
         ("criticalkv", "full", None),
@@ -109,7 +109,7 @@ def test_cli_decode_budget_records(tiny_folder: Path, capsys: pytest.CaptureFixt
         (["--decode-budget", "4"], "--decode-budget 4 is below the observation window"),
         (["--decode-budget", "16", "--decode-interval", "0"], "--decode-interval must be a positive"),
         (["--decode-budget", "16", "--methods", "expected-attention"], "cannot re-select while decoding"),
-        (["--decode-budget", "16", "--kvpress", "on"], "drop --kvpress on"),
+        (["--decode-budget", "16", "--kv-bits", "4"], "cannot be combined with quantized storage (--kv-bits=4)"),
     ],
 )
 def test_cli_rejects_bad_decode_input_before_loading(

@@ -1,5 +1,6 @@
-"""kvpress's decode-time compression (``DecodingPress``) driven one token at a time, for side-by-side
-runs with criticalkv's decode budget (``benchmarks/decode_compression.py``).
+"""kvpress's decode-time compression (``DecodingPress``) beside criticalkv's decode budget: driven
+one token at a time (``benchmarks/decode_compression.py``) or timed as ``criticalkv bench
+--decode-budget`` times ours (:func:`measure_kvpress_decode`).
 
 kvpress 0.5.5 compresses during decoding with ``DecodingPress(base_press, compression_interval,
 target_size)``: every ``compression_interval`` decode steps, per layer, the whole cache (prompt and
@@ -19,7 +20,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from criticalkv.bench.kvpress_impl import full_kv_bytes, press_label, run_press, timed_compress
+from criticalkv.bench.measure import reset_peak_memory
 from criticalkv.bench.ours import dynamic_cache_bytes
+from criticalkv.bench.record import BenchRecord, measured
+from criticalkv.budgets.resolve import Budget, resolve_budget
 
 #: our method names -> a factory of kvpress's scorer press for it (window size); uniform budgets only,
 #: since kvpress's AdaKV presses mask entries instead of removing them (its cache would not shrink)
@@ -27,7 +32,29 @@ KVPRESS_DECODE_METHODS: dict[str, Callable[[Any, int], Any]] = {
     "snapkv": lambda kp, window: kp.SnapKVPress(window_size=window),
     "critical-snapkv": lambda kp, window: kp.CriticalKVPress(kp.SnapKVPress(window_size=window)),
     "knorm": lambda kp, window: kp.KnormPress(),
+    "streamingllm": lambda kp, window: kp.StreamingLLMPress(n_sink=4),
 }
+
+
+#: methods whose kvpress press scores by the last ``window`` queries: kvpress's ``DecodingPress``
+#: hands them the hidden states of the last ``interval`` steps, which must outnumber the window
+WINDOWED = ("snapkv", "critical-snapkv")
+
+
+def kvpress_decode_unavailable(method: str, window: int, interval: int) -> str | None:
+    """Why kvpress's ``DecodingPress`` cannot run ``method`` at this window and interval (``None``: it can)."""
+    if method not in KVPRESS_DECODE_METHODS:
+        have = ", ".join(KVPRESS_DECODE_METHODS)
+        return (
+            f"{method}: kvpress has no DecodingPress counterpart (uniform scorer presses only: {have}; "
+            "its head-varying presses mask entries, so its cache would not shrink)"
+        )
+    if method in WINDOWED and interval <= window:
+        return (
+            f"{method}: kvpress's DecodingPress scores on the last {interval} decode steps' queries, which must "
+            f"outnumber the window ({window}): give a decode interval above {window} to pair it"
+        )
+    return None
 
 
 def kvpress_decode_press(
@@ -114,3 +141,66 @@ class KvpressDecodeStream:
     def close(self) -> None:
         """Remove the press's hooks (and reset its decode buffers)."""
         self._stack.close()
+
+
+@torch.no_grad()
+def measure_kvpress_decode(
+    kvpress: Any,
+    model: Any,
+    ids: torch.Tensor,
+    method: str,
+    budget: Budget,
+    window: int,
+    decode_tokens: int,
+    *,
+    decode_budget: int,
+    decode_interval: int,
+) -> BenchRecord:
+    """kvpress's ``PrefillDecodingPress`` for ``method`` on the (B, T) prompt ``ids`` (no padding):
+    the prompt cut to ``budget`` (a fraction or a token count, resolved as criticalkv resolves it),
+    then the cache cut back to ``decode_budget`` entries per KV head every ``decode_interval``
+    decode steps, timed as :func:`criticalkv.bench.ours.measure_criticalkv` times ours.
+
+    ``model`` must be a plain (sdpa) model of its own: the press hooks every attention module of it.
+    ``compress_s`` is the prompt's compression; the decode cuts are part of the timed steps.
+    """
+    batch, length = ids.shape
+    kept = int(resolve_budget(budget, torch.tensor([length]), window)[0])
+    press = kvpress_decode_press(
+        kvpress,
+        method,
+        prompt_tokens=int(length),
+        prefill_budget=kept,
+        window=window,
+        budget=decode_budget,
+        interval=decode_interval,
+    )
+    spent, cuts = [0.0], [0]
+    if press.prefilling_press is not None:
+        press.prefilling_press.compress = timed_compress(press.prefilling_press.compress, spent, ids.device)
+    inner = press.decoding_press.compress
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        cuts[0] += 1
+        return inner(*args, **kwargs)
+
+    press.decoding_press.compress = counted
+    reset_peak_memory(ids.device)
+    cache = DynamicCache(config=model.config)
+    ttft, kv, peak, final, step_s = run_press(model, press, cache, ids, decode_tokens, hold=True)
+    return measured(
+        "kvpress",
+        method,
+        ids,
+        float(budget),
+        ttft_s=ttft,
+        compress_s=spent[0],
+        step_s=step_s,
+        decode_tokens=decode_tokens,
+        kv_bytes=kv,
+        kv_bytes_full=full_kv_bytes(model, int(batch), int(length)),
+        kv_bytes_peak=peak,
+        kv_bytes_final=final,
+        decode=(decode_budget, decode_interval, cuts[0]),  # per layer, as ours counts its re-selections
+        press=press_label(press),
+    )

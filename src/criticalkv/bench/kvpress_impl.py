@@ -9,6 +9,7 @@ the cache physically.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -19,8 +20,9 @@ import torch
 from transformers import DynamicCache
 
 from criticalkv.bench.decode import timed_decode
+from criticalkv.bench.kvpress_quantized import quanto_cache
 from criticalkv.bench.measure import now, reset_peak_memory, synchronize
-from criticalkv.bench.ours import dynamic_cache_bytes
+from criticalkv.bench.ours import StorageOptions, dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.runtime.forward import prefill_into
 
@@ -56,7 +58,7 @@ def kvpress_supports(method: str) -> bool:
     return method in KVPRESS_METHODS
 
 
-def _timed(compress: Callable[..., Any], total: list[float], device: torch.device) -> Callable[..., Any]:
+def timed_compress(compress: Callable[..., Any], total: list[float], device: torch.device) -> Callable[..., Any]:
     @functools.wraps(compress)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         synchronize(device)
@@ -76,13 +78,56 @@ def _clear_masks(model: Any) -> None:
             module.masked_key_indices = None
 
 
+def press_label(press: Any) -> str:
+    """A short name of a kvpress press and the presses it wraps: ``CriticalKV(SnapKV)``."""
+    name = type(press).__name__.removesuffix("Press")
+    if name == "PrefillDecoding":
+        return press_label(press.decoding_press)
+    inner = getattr(press, "base_press", None) or getattr(press, "press", None)
+    return name if inner is None else f"{name}({press_label(inner)})"
+
+
+@torch.no_grad()
+def run_press(
+    model: Any, press: Any, cache: Any, ids: torch.Tensor, decode_tokens: int, *, hold: bool = False
+) -> tuple[float, int, int, int, float]:
+    """Prefill (B, T) ``ids`` into ``cache`` under ``press``, then decode ``decode_tokens`` greedy
+    steps (with the press's hooks still in place if ``hold``: a decoding press). Returns (time to
+    first token, KV bytes after the prefill, the most at any step, after the last step, seconds
+    per step); the bytes are read after every step, outside the timed span."""
+    device = ids.device
+    with contextlib.ExitStack() as hooks:
+        hooks.enter_context(press(model))
+        start = now(device)
+        first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
+        ttft = now(device) - start
+        if not hold:
+            hooks.close()  # a prompt press: decoding runs unhooked, as kvpress's pipeline does
+        kv = dynamic_cache_bytes(cache)
+        peak = [kv]
+        step_s = timed_decode(
+            model, cache, first, ids.shape[1], decode_tokens, after_step=lambda: peak.append(dynamic_cache_bytes(cache))
+        )
+    return ttft, kv, max(peak), dynamic_cache_bytes(cache), step_s
+
+
 @torch.no_grad()
 def measure_kvpress(
-    kvpress: Any, model: Any, ids: torch.Tensor, method: str, budget: float, window: int, decode_tokens: int
+    kvpress: Any,
+    model: Any,
+    ids: torch.Tensor,
+    method: str,
+    budget: float,
+    window: int,
+    decode_tokens: int,
+    *,
+    storage: StorageOptions | None = None,
 ) -> BenchRecord:
     """Prefill under kvpress's press for ``method`` at ``budget`` (kept fraction), then decode.
 
-    ``model`` must be a plain (sdpa) model, not one attached to criticalkv.
+    ``model`` must be a plain (sdpa) model, not one attached to criticalkv. ``storage``: (bits,
+    group size, residual) to hold the cache in transformers' quanto ``QuantizedCache``
+    (:mod:`criticalkv.bench.kvpress_quantized`) instead of a ``DynamicCache``.
     """
     if method not in KVPRESS_METHODS:
         raise ValueError(f"kvpress has no equivalent of {method!r}; it has: {', '.join(KVPRESS_METHODS)}")
@@ -91,19 +136,13 @@ def measure_kvpress(
     device = ids.device
     batch, length = ids.shape
     press = KVPRESS_METHODS[method](kvpress, 1.0 - budget, window)
+    label = press_label(press)
     spent = [0.0]
-    press.compress = _timed(press.compress, spent, device)
+    press.compress = timed_compress(press.compress, spent, device)
     _clear_masks(model)
     reset_peak_memory(device)
-    cache = DynamicCache(config=model.config)
-    start = now(device)
-    with press(model):
-        first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
-    ttft = now(device) - start
-    kv = dynamic_cache_bytes(cache)
-    entry = 2 * _kv_width(model) * next(model.parameters()).element_size()
-    kv_full = model.config.num_hidden_layers * batch * length * entry
-    step_s = timed_decode(model, cache, first, length, decode_tokens)
+    cache = DynamicCache(config=model.config) if storage is None else quanto_cache(model, storage)
+    ttft, kv, peak, final, step_s = run_press(model, press, cache, ids, decode_tokens)
     _clear_masks(model)
     return measured(
         "kvpress",
@@ -115,8 +154,18 @@ def measure_kvpress(
         step_s=step_s,
         decode_tokens=decode_tokens,
         kv_bytes=kv,
-        kv_bytes_full=kv_full,
+        kv_bytes_full=full_kv_bytes(model, batch, length),
+        kv_bytes_peak=peak,
+        kv_bytes_final=final,
+        storage=storage,
+        press=label if storage is None else f"{label}+quanto{storage[0]}",
     )
+
+
+def full_kv_bytes(model: Any, batch: int, length: int) -> int:
+    """Bytes of the full cache of (batch, length) tokens in the model's dtype."""
+    entry = 2 * _kv_width(model) * next(model.parameters()).element_size()
+    return int(model.config.num_hidden_layers * batch * length * entry)
 
 
 def _kv_width(model: Any) -> int:

@@ -13,18 +13,37 @@ from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL
+from criticalkv.cache.quant_spec import bits_per_element
 from criticalkv.methods import Method
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.forward import prefill_into
 
+#: (bits, group size, full-precision residual or ``None`` for the cache's default) of quantized storage
+StorageOptions = tuple[int, int, int | None]
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes ``tensor`` holds; a wrapper subclass (quanto's packed tensors) counts its inner tensors."""
+    if hasattr(tensor, "__tensor_flatten__"):  # a traceable wrapper: its data, scales, zero points
+        names, _ = tensor.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
+
+
+#: where transformers' cache layers hold keys and values (a ``QuantizedCache`` layer: the
+#: full-precision residual in ``keys``/``values``, the rest in ``_quantized_keys``/``_quantized_values``)
+_KV_ATTRIBUTES = ("keys", "values", "_quantized_keys", "_quantized_values")
+
 
 def dynamic_cache_bytes(cache: Any) -> int:
-    """Bytes of the keys and values a transformers cache holds."""
+    """Bytes of the keys and values a transformers cache holds (quantized data, scales and zero
+    points included for a ``QuantizedCache``)."""
     total = 0
     for layer in cache.layers:
-        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+        for name in _KV_ATTRIBUTES:
+            tensor = getattr(layer, name, None)
             if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
+                total += tensor_bytes(tensor)
     return total
 
 
@@ -53,6 +72,7 @@ def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchReco
         kv_bytes=kv,
         kv_bytes_full=kv,
         kv_bytes_peak=dynamic_cache_bytes(cache),  # the full cache only grows
+        kv_bytes_final=dynamic_cache_bytes(cache),
     )
 
 
@@ -67,26 +87,31 @@ def measure_criticalkv(
     *,
     decode_budget: int | None = None,
     decode_interval: int = DEFAULT_INTERVAL,
+    storage: StorageOptions | None = None,
 ) -> BenchRecord:
     """One prompt through criticalkv's physically compressed cache: compression in flight
     during the prefill (timed per layer, device synchronised), then greedy decoding.
 
     With ``decode_budget`` the cache is held at that many entries per KV head while it decodes
     (re-selected every ``decode_interval`` new entries per head); the re-selections are part of
-    the timed decode steps.
+    the timed decode steps. ``storage``: (bits, group size, residual) of quantized storage
+    (``CompressedCache``'s ``kv_bits``, ``kv_group_size``, ``kv_residual``; ``None``: the model's dtype).
     """
     attach(model)
     device = ids.device
     length = ids.shape[1]
     reset_peak_memory(device)
+    quantized: dict[str, Any] = {}
+    if storage is not None:
+        quantized = dict(zip(("kv_bits", "kv_group_size", "kv_residual"), storage, strict=True))
     cache = CompressedCache.for_model(
-        model, method, budget, window=window, decode_budget=decode_budget, decode_interval=decode_interval
+        model, method, budget, window=window, decode_budget=decode_budget, decode_interval=decode_interval, **quantized
     )
     cache.synchronize_timing = True
     start = now(device)
     first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
-    kv, kv_full = cache.kv_bytes(), cache.kv_bytes_full()
+    kv, kv_full, bits = cache.kv_bytes(), cache.kv_bytes_full(), bits_per_element(cache)
     step_s = timed_decode(model, cache, first, length, decode_tokens)
     held = cache.decode
     return measured(
@@ -102,4 +127,7 @@ def measure_criticalkv(
         kv_bytes_full=kv_full,
         kv_bytes_peak=cache.kv_bytes_peak(),
         decode=None if held is None else (held.budget, held.interval, held.reselections),
+        kv_bytes_final=cache.kv_bytes(),
+        storage=storage,
+        bits_per_element=bits,
     )

@@ -21,9 +21,14 @@ class BenchRecord:
     ``kv_bytes`` is what the cache holds right after compression, ``kv_bytes_full`` what the
     full cache holds for the same prompt; ``peak_rss_bytes`` the process's peak resident memory
     during this measurement (prefill, compression and decode). ``kv_bytes_peak`` is the most the
-    cache held at any step of the decode (``None`` for kvpress). ``decode_budget`` and
+    cache held at any step of the decode (kvpress's: read after every step). ``decode_budget`` and
     ``decode_interval`` are set when the cache was held at a decode budget while decoding
     (:mod:`criticalkv.cache.decode_compression`); ``decode_reselections`` counts its re-selections.
+    ``kv_bytes_final`` is what the cache holds after the last decode step. ``kv_bits``,
+    ``kv_group_size`` and ``kv_residual`` are set for quantized storage (ours, or kvpress's press
+    on transformers' ``QuantizedCache``), ``bits_per_element`` the bits per key or value element
+    right after compression (scales, zero points and the full-precision residual included; ours
+    only). ``press`` names kvpress's press (``None`` for criticalkv's rows).
     """
 
     impl: str
@@ -46,6 +51,12 @@ class BenchRecord:
     decode_budget: int | None = None
     decode_interval: int | None = None
     decode_reselections: int | None = None
+    kv_bytes_final: int | None = None
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    kv_residual: int | None = None
+    bits_per_element: float | None = None
+    press: str | None = None
 
     @property
     def kv_ratio(self) -> float:
@@ -71,10 +82,15 @@ def measured(
     kv_bytes_full: int,
     kv_bytes_peak: int | None = None,
     decode: tuple[int, int, int] | None = None,
+    kv_bytes_final: int | None = None,
+    storage: tuple[int, int, int | None] | None = None,
+    bits_per_element: float | None = None,
+    press: str | None = None,
 ) -> BenchRecord:
     """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now).
 
-    ``decode``: (decode budget, interval, re-selections done) of a cache held at a decode budget.
+    ``decode``: (decode budget, interval, re-selections done) of a cache held at a decode budget;
+    ``storage``: (bits, group size, residual) of quantized storage.
     """
     batch, length = ids.shape
     return BenchRecord(
@@ -98,4 +114,10 @@ def measured(
         decode_budget=None if decode is None else decode[0],
         decode_interval=None if decode is None else decode[1],
         decode_reselections=None if decode is None else decode[2],
+        kv_bytes_final=kv_bytes_final,
+        kv_bits=None if storage is None else storage[0],
+        kv_group_size=None if storage is None else storage[1],
+        kv_residual=None if storage is None else storage[2],
+        bits_per_element=bits_per_element,
+        press=press,
     )

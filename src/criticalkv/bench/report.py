@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from criticalkv.bench.plan import kvpress_counterpart
 from criticalkv.plotting import pyplot
 
 MB = 1e6
@@ -13,15 +14,43 @@ MB = 1e6
 UNIFORM = "snapkv"
 
 
+_UNQUANTIZED: dict[str, Any] = {"kv_bits": None, "kv_group_size": None, "kv_residual": None}
+
+
 def _key(r: dict[str, Any], **changes: Any) -> tuple[Any, ...]:
     d = {**r, **changes}
-    return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"], d.get("decode_budget"))
+    storage = (d.get("kv_bits"), d.get("kv_group_size"), d.get("kv_residual"))
+    return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"], d.get("decode_budget"), storage)
 
 
 def method_label(r: dict[str, Any]) -> str:
-    """The method's name, with its decode budget (``snapkv+d512``) when it decoded under one."""
-    decode = r.get("decode_budget")
-    return r["method"] if decode is None else f"{r['method']}+d{decode}"
+    """The method's name, with its decode budget (``snapkv+d512``) when it decoded under one and
+    its storage bits (``snapkv+q4``) when quantized."""
+    label = r["method"]
+    if r.get("decode_budget") is not None:
+        label += f"+d{r['decode_budget']}"
+    if r.get("kv_bits") is not None:
+        label += f"+q{r['kv_bits']}"
+    return label
+
+
+def kvpress_pair(r: dict[str, Any], index: dict[tuple[Any, ...], dict[str, Any]]) -> str:
+    """What a row is paired with on kvpress's side: the press measured beside it, ``none`` where
+    kvpress has no counterpart, ``not run`` where it has one that was not measured (see the notes)."""
+    if r["impl"] == "kvpress":
+        return str(r.get("press") or r["method"])
+    if r["method"] == "full":
+        return "-"
+    other = index.get(_key(r, impl="kvpress"))
+    if other is not None:
+        return str(other.get("press") or other["method"])
+    return "not run" if kvpress_counterpart(r["method"], decode=r.get("decode_budget") is not None) else "none"
+
+
+def _speedup(reference: dict[str, Any] | None, r: dict[str, Any]) -> float | None:
+    return (
+        reference["decode_ms_per_token"] / r["decode_ms_per_token"] if reference and r["decode_ms_per_token"] else None
+    )
 
 
 def base_method(method: str) -> str | None:
@@ -31,25 +60,24 @@ def base_method(method: str) -> str | None:
 
 def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with ratios: decode speed-up over the full cache (same length and batch), over
-    kvpress's same method, over SnapKV at the same budget (``decode_vs_uniform``: a method whose
-    heads keep different counts against the uniform layout holding the same bytes; 1.00x = as
-    fast), and the Critical selection's extra time over its base, as a share of the prefill."""
+    kvpress's same method (same decode budget and storage), over SnapKV at the same budget
+    (``decode_vs_uniform``: a method whose heads keep different counts against the uniform layout
+    holding the same bytes; 1.00x = as fast), over the same row unquantized (``decode_vs_unquantized``:
+    the unquantized cache's ms/token over the quantized one's; below 1.00x = slower), the
+    Critical selection's extra time over its base, as a share of the prefill, and ``kvpress_pair``."""
     index = {_key(r): r for r in records}
     out = []
     for r in records:
         row = dict(r)
-        full = index.get(("criticalkv", "full", r["context_tokens"], 1.0, r["batch_size"], None))
-        row["decode_speedup_vs_full"] = (
-            full["decode_ms_per_token"] / r["decode_ms_per_token"] if full and r["decode_ms_per_token"] else None
-        )
+        full = index.get(_key(r, impl="criticalkv", method="full", budget=1.0, decode_budget=None, **_UNQUANTIZED))
+        row["decode_speedup_vs_full"] = _speedup(full, r)
         other = index.get(_key(r, impl="kvpress")) if r["impl"] == "criticalkv" else None
-        row["decode_speedup_vs_kvpress"] = (
-            other["decode_ms_per_token"] / r["decode_ms_per_token"] if other and r["decode_ms_per_token"] else None
-        )
+        row["decode_speedup_vs_kvpress"] = _speedup(other, r)
         uniform = index.get(_key(r, method=UNIFORM)) if r["method"] not in (UNIFORM, "full") else None
-        row["decode_vs_uniform"] = (
-            uniform["decode_ms_per_token"] / r["decode_ms_per_token"] if uniform and r["decode_ms_per_token"] else None
-        )
+        row["decode_vs_uniform"] = _speedup(uniform, r)
+        plain = index.get(_key(r, **_UNQUANTIZED)) if r.get("kv_bits") else None
+        row["decode_vs_unquantized"] = _speedup(plain, r)
+        row["kvpress_pair"] = kvpress_pair(r, index)
         base = base_method(r["method"])
         base_row = index.get(_key(r, method=base)) if base else None
         row["critical_overhead"] = (
@@ -63,34 +91,41 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _mb(value: int | None, spec: str) -> str:
+    return _fmt(None if value is None else value / MB, spec)
+
+
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def format_table(records: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table, one line per record."""
+def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
+    """A fixed-width table, one line per record, then ``notes`` (why a kvpress pair is missing).
+
+    ``KV MB`` is what the cache holds right after compression, ``KV peak`` the most at any decode
+    step and ``KV final`` after the last; ``bits`` the bits per element of quantized rows; ``vs
+    16b`` the decode speed over the same row unquantized; ``kvpress`` the press beside the row."""
     header = (
-        f"{'impl':<10} {'method':<20} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
+        f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
         f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
-        f"{'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'peak MB':>8}"
+        f"{'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} {'peak MB':>8}  "
+        "kvpress"
     )
     lines = [header, "-" * len(header)]
     for r in derived(records):
         overhead = r["critical_overhead"]
-        rss, kv_peak = r.get("peak_rss_bytes"), r.get("kv_bytes_peak")
-        peak_mb = "-" if kv_peak is None else f"{kv_peak / MB:.2f}"
+        rss, kv_peak, kv_final = r.get("peak_rss_bytes"), r.get("kv_bytes_peak"), r.get("kv_bytes_final")
         share = "-" if overhead is None else f"{100 * overhead:.2f}%"
-        vs_full = _ratio(r["decode_speedup_vs_full"])
-        vs_kvpress = _ratio(r["decode_speedup_vs_kvpress"])
         lines.append(
-            f"{r['impl']:<10} {method_label(r):<20} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
-            f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} "
-            f"{share:>8} "
+            f"{r['impl']:<10} {method_label(r):<22} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
+            f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} {share:>8} "
             f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
-            f"{vs_full:>7} {vs_kvpress:>6} {_ratio(r['decode_vs_uniform']):>7} "
-            f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {peak_mb:>7} "
-            f"{_fmt(None if rss is None else rss / MB, '>8.0f')}"
+            f"{_ratio(r['decode_speedup_vs_full']):>7} {_ratio(r['decode_speedup_vs_kvpress']):>6} "
+            f"{_ratio(r['decode_vs_uniform']):>7} {_ratio(r['decode_vs_unquantized']):>6} "
+            f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {_mb(kv_peak, '>7.2f')} {_mb(kv_final, '>8.2f')} "
+            f"{_fmt(r.get('bits_per_element'), '>5.2f')} {_mb(rss, '>8.0f')}  {r['kvpress_pair']}"
         )
+    lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)
 
 

@@ -6,105 +6,27 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from criticalkv.bench.kvpress_impl import import_kvpress, kvpress_supports, measure_kvpress
+from criticalkv.bench.config import BenchConfig
+from criticalkv.bench.kvpress_decode import measure_kvpress_decode
+from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
+from criticalkv.bench.kvpress_quantized import quanto_unavailable
 from criticalkv.bench.ours import measure_criticalkv, measure_full
+from criticalkv.bench.plan import Run, plan_runs
+from criticalkv.bench.plan import record_key as _data_key
 from criticalkv.bench.prompt import bench_prompts
 from criticalkv.bench.record import BenchRecord
-from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
-from criticalkv.cache.compressed_cache import check_window
-from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.methods import Method, bind, get_method
 from criticalkv.runtime.forward import input_device
-from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 logger = logging.getLogger(__name__)
 
-KVPRESS_CHOICES = ("auto", "on", "off")
-
-
-@dataclass
-class BenchConfig:
-    """What :func:`run_bench` measures.
-
-    ``kvpress``: ``"auto"`` compares with kvpress when it can be imported, ``"on"`` requires
-    it, ``"off"`` skips it. ``full`` (transformers' dynamic cache) is always measured: it is
-    the reference of every ratio. ``head_scores``: a head-score file for head-prior methods
-    (``headkv``, ``critical-headkv``) instead of the model's own. ``decode_budget``: hold each
-    method's cache at that many entries per KV head while it decodes, re-selecting every
-    ``decode_interval`` new entries per head (kvpress is then not compared: ``"auto"`` skips it).
-    """
-
-    context_lengths: list[int] = field(default_factory=lambda: [4096])
-    methods: list[str] = field(default_factory=lambda: ["snapkv", "critical-snapkv", "adakv", "critical-adakv"])
-    budgets: list[Budget] = field(default_factory=lambda: [0.2])
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    decode_tokens: int = 32
-    window: int = 32
-    kvpress: str = "auto"
-    repeats: int = 1
-    norm_precision: str | None = None
-    head_scores: str | Path | None = None
-    decode_budget: int | None = None
-    decode_interval: int = DEFAULT_INTERVAL
-
-    def __post_init__(self) -> None:
-        self.methods = [get_method(m).name for m in self.methods if m != "full"]
-        self.budgets = [validate_budget(b) for b in self.budgets]
-        check_window(self.window)
-        if not self.context_lengths or any(n <= self.window for n in self.context_lengths):
-            raise ValueError(f"context lengths must be longer than the window ({self.window} tokens)")
-        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
-            raise ValueError("batch sizes must be positive integers")
-        if self.decode_tokens < 1:
-            raise ValueError("decode_tokens must be at least 1")
-        if self.repeats < 1:
-            raise ValueError("repeats must be at least 1")
-        if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
-            raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
-        if self.kvpress not in KVPRESS_CHOICES:
-            raise ValueError(f"kvpress must be one of {', '.join(KVPRESS_CHOICES)}, not {self.kvpress!r}")
-        if self.decode_budget is not None:
-            self._check_decode()
-        for length in self.context_lengths:  # every (length, budget) resolves before anything is measured
-            for budget in self.budgets:
-                try:
-                    resolve_budget(budget, torch.tensor([length]), self.window)
-                except ValueError as err:
-                    raise ValueError(f"--budgets {budget} at --context-lengths {length}: {err}") from None
-
-    def _check_decode(self) -> None:
-        if self.kvpress == "on":
-            raise ValueError(
-                "kvpress is not measured under a decode budget (its presses compress the prompt only); "
-                "drop kvpress='on' (--kvpress) or the decode budget"
-            )
-        if not self.methods:
-            raise ValueError("a decode budget needs at least one compressing method besides full")
-        for name in self.methods:
-            check_decode_budget(get_method(name), self.window, self.decode_budget, self.decode_interval)
-
-    @property
-    def decode(self) -> tuple[int, int] | None:
-        """(decode budget, interval), or ``None`` without a decode budget."""
-        return None if self.decode_budget is None else (self.decode_budget, self.decode_interval)
-
-    def check_model(self, model: Any) -> None:
-        limit = getattr(model.config, "max_position_embeddings", None)
-        longest = max(self.context_lengths) + self.decode_tokens + 1
-        if limit is not None and longest > limit:
-            raise ValueError(
-                f"the model takes at most {limit} positions; the longest context plus decode tokens needs {longest} "
-                "(lower --context-lengths or --decode-tokens)"
-            )
-        for name in self.methods:  # head scores found and fitting the model, before anything is measured
-            bind(get_method(name), model, self.head_scores)
+__all__ = ["BenchConfig", "load_records", "record_key", "run_bench", "with_norm_precision"]
 
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
@@ -113,16 +35,8 @@ def with_norm_precision(method: Method, precision: str | None) -> Method:
 
 
 def record_key(record: BenchRecord | dict[str, Any]) -> str:
-    """What identifies a record in ``records.jsonl`` (the decode settings only when set)."""
-    data = record.to_dict() if isinstance(record, BenchRecord) else record
-    budget_d = data.get("decode_budget")
-    decode = None if budget_d is None else (int(budget_d), int(data["decode_interval"]))
-    return _key(data["impl"], data["method"], data["context_tokens"], data["budget"], data["batch_size"], decode)
-
-
-def _key(impl: str, method: str, length: int, budget: Budget, batch: int, decode: tuple[int, int] | None) -> str:
-    base = f"{impl}|{method}|{length}|{float(budget)}|{batch}"
-    return base if decode is None else f"{base}|decode={decode[0]}/{decode[1]}"
+    """What identifies a record in ``records.jsonl`` (the decode and storage settings only when set)."""
+    return _data_key(record.to_dict() if isinstance(record, BenchRecord) else record)
 
 
 def _append(path: Path, record: BenchRecord) -> None:
@@ -170,6 +84,7 @@ def run_bench(
     kvpress_model: Any | None = None,
     out: Path | None = None,
     on_record: Callable[[BenchRecord], None] | None = None,
+    notes: list[str] | None = None,
 ) -> list[BenchRecord]:
     """Measure every configuration of ``config``; returns the records (in measurement order).
 
@@ -179,10 +94,11 @@ def run_bench(
     and configurations already there are skipped (an interrupted run resumes).
     With ``repeats > 1`` each configuration is measured that many times and the fastest
     prefill, compression and decode are kept (the usual way to discount machine noise).
+    ``notes``, if given, receives a sentence for every kvpress counterpart not measured and why.
     """
     config.check_model(model)
     kvpress = None
-    if config.kvpress != "off" and config.decode_budget is None:
+    if config.kvpress != "off":
         kvpress = import_kvpress()
         if kvpress is None and config.kvpress == "on":
             raise ValueError(
@@ -199,18 +115,12 @@ def run_bench(
         records_path = out / "records.jsonl"
         _drop_torn_tail(records_path)
         done = {record_key(r) for r in load_records(records_path)}
-    plan: list[tuple[str, str, int, Budget, int]] = []
-    for length in config.context_lengths:
-        for batch in config.batch_sizes:
-            plan.append(("criticalkv", "full", length, 1.0, batch))
-            for budget in config.budgets:
-                for method in config.methods:
-                    plan.append(("criticalkv", method, length, budget, batch))
-                    if kvpress is not None and kvpress_supports(method) and isinstance(budget, float):
-                        plan.append(("kvpress", method, length, budget, batch))  # kvpress takes fractions only
+    plan, skipped = plan_runs(config, kvpress is not None, quanto_unavailable)
+    if notes is not None:
+        notes.extend(skipped)
     # a token count is recorded (and keyed) as a float above 1, as records always held budgets;
     # the full cache keeps everything, so it is the same record with or without a decode budget
-    todo = [p for p in plan if _key(*p, None if p[1] == "full" else config.decode) not in done]
+    todo = [run for run in plan if run.key not in done]
     records: list[BenchRecord] = []
     if not todo:
         return records
@@ -218,34 +128,11 @@ def run_bench(
     if kvpress is not None and kvpress_model is not None:
         _warm_up(kvpress_model, device, bench_prompts(tokenizer, 64, 1))
     prompts: dict[tuple[int, int], torch.Tensor] = {}
-    for impl, method, length, budget, batch in tqdm(todo, desc="bench", unit="run"):
-        ids = prompts.get((length, batch))
+    for run in tqdm(todo, desc="bench", unit="run"):
+        ids = prompts.get((run.length, run.batch))
         if ids is None:
-            ids = prompts[(length, batch)] = bench_prompts(tokenizer, length, batch).to(device)
-        tries = []
-        for _ in range(config.repeats):
-            if impl == "kvpress":
-                tries.append(
-                    measure_kvpress(
-                        kvpress, kvpress_model, ids, method, float(budget), config.window, config.decode_tokens
-                    )
-                )
-            elif method == "full":
-                tries.append(measure_full(model, ids, config.decode_tokens))
-            else:
-                chosen = with_norm_precision(bind(get_method(method), model, config.head_scores), config.norm_precision)
-                tries.append(
-                    measure_criticalkv(
-                        model,
-                        ids,
-                        chosen,
-                        budget,
-                        config.window,
-                        config.decode_tokens,
-                        decode_budget=config.decode_budget,
-                        decode_interval=config.decode_interval,
-                    )
-                )
+            ids = prompts[(run.length, run.batch)] = bench_prompts(tokenizer, run.length, run.batch).to(device)
+        tries = [_measure(config, run, ids, model, kvpress, kvpress_model) for _ in range(config.repeats)]
         record = _fastest(tries)
         records.append(record)
         if records_path is not None:
@@ -253,6 +140,44 @@ def run_bench(
         if on_record is not None:
             on_record(record)
     return records
+
+
+def _measure(
+    config: BenchConfig, run: Run, ids: torch.Tensor, model: Any, kvpress: Any, kvpress_model: Any
+) -> BenchRecord:
+    window, steps = config.window, config.decode_tokens
+    if run.impl == "kvpress" and run.decode is not None:
+        budget, interval = run.decode
+        return measure_kvpress_decode(
+            kvpress,
+            kvpress_model,
+            ids,
+            run.method,
+            run.budget,
+            window,
+            steps,
+            decode_budget=budget,
+            decode_interval=interval,
+        )
+    if run.impl == "kvpress":
+        return measure_kvpress(
+            kvpress, kvpress_model, ids, run.method, float(run.budget), window, steps, storage=run.storage
+        )
+    if run.method == "full":
+        return measure_full(model, ids, steps)
+    chosen = with_norm_precision(bind(get_method(run.method), model, config.head_scores), config.norm_precision)
+    budget_d, interval_d = run.decode if run.decode is not None else (None, config.decode_interval)
+    return measure_criticalkv(
+        model,
+        ids,
+        chosen,
+        run.budget,
+        window,
+        steps,
+        decode_budget=budget_d,
+        decode_interval=interval_d,
+        storage=run.storage,
+    )
 
 
 def _fastest(tries: Sequence[BenchRecord]) -> BenchRecord:

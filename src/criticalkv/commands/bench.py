@@ -48,6 +48,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--decode-budget", type=int, default=None, help="hold each cache at N entries per KV head while decoding"
     )
     p.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        default=None,
+        metavar="{8,4}",
+        help="also measure each method with its kept entries stored in 8 or 4 bits (and kvpress on a quanto cache)",
+    )
+    p.add_argument(
+        "--kv-group-size", type=int, default=None, help="with --kv-bits: entries per scale and zero point (default 32)"
+    )
+    p.add_argument(
+        "--kv-residual",
+        type=int,
+        default=None,
+        help="with --kv-bits: newest tokens kept exact (default min(64, budget))",
+    )
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
     p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
     add_head_scores_argument(p)
@@ -63,18 +79,23 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         output_folder(args.out, "--out")
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
-    config.check_model(model)
+    try:
+        config.check_model(model)  # e.g. a group size that does not divide the head dimension
+    except ValueError as err:
+        raise UsageError(_flag_names(str(err))) from None
     kvpress_model = None
-    compare = config.kvpress != "off" and config.decode_budget is None  # kvpress compresses the prompt only
+    compare = config.kvpress != "off"
     if compare and import_kvpress() is not None:
         kvpress_model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
     elif compare and config.kvpress == "auto":
         print("kvpress is not importable: measuring criticalkv only (pip install 'criticalkv[bench]')", file=sys.stderr)
-    records = [r.to_dict() for r in run_bench(config, model, tokenizer, kvpress_model=kvpress_model, out=args.out)]
+    notes: list[str] = []
+    measured = run_bench(config, model, tokenizer, kvpress_model=kvpress_model, out=args.out, notes=notes)
+    records = [r.to_dict() for r in measured]
     if args.out is not None:
         records = load_records(args.out / "records.jsonl")  # this run's and any resumed ones
         (args.out / "results.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-    table = format_table(records)
+    table = format_table(records, notes)
     title = f"criticalkv bench: {args.model} model, {records[0]['device'] if records else '-'}"
     if args.out is not None:
         (args.out / "table.txt").write_text(title + "\n" + table + "\n", encoding="utf-8")
@@ -108,7 +129,21 @@ def _config(args: argparse.Namespace) -> BenchConfig:
             head_scores=check_head_scores(args.head_scores),
             decode_budget=args.decode_budget,
             decode_interval=args.decode_interval,
+            kv_bits=args.kv_bits,
+            kv_group_size=args.kv_group_size,
+            kv_residual=args.kv_residual,
         )
     except (TypeError, ValueError) as err:
-        message = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
-        raise UsageError(message.replace("kvpress='on'", "--kvpress on")) from None
+        raise UsageError(_flag_names(str(err))) from None
+
+
+#: options whose names the library's messages spell with underscores
+_FLAGS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
+
+
+def _flag_names(message: str) -> str:
+    """``message`` with the option names as the command line spells them (``--kv-group-size``)."""
+    for name in _FLAGS:
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    message = message.replace("quantization group size", "quantization group size (--kv-group-size)")
+    return message.replace("kvpress='on'", "--kvpress on")

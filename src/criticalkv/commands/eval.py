@@ -58,6 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-bits", type=int, choices=[16, 8, 4], default=None, help="store the kept entries in 8 or 4 bits"
     )
     p.add_argument(
+        "--kv-group-size", type=int, default=None, help="with --kv-bits: entries per scale and zero point (default 32)"
+    )
+    p.add_argument(
+        "--kv-residual",
+        type=int,
+        default=None,
+        help="with --kv-bits: newest tokens kept exact (default min(64, budget))",
+    )
+    p.add_argument(
         "--decode-budget",
         type=int,
         default=None,
@@ -92,20 +101,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _config(args, tasks, kwargs)
     except (TypeError, ValueError) as err:
-        if args.decode_budget is None and args.decode_interval is None:
+        if all(getattr(args, name) is None for name in _FLAGS):
             raise
-        message = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
-        raise UsageError(message) from None
+        raise UsageError(_flag_names(str(err))) from None
     if args.dataset:  # say how many lines of each task run (--samples is per task)
         from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 
         print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
     check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
-    scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
+    try:
+        scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
+    except ValueError as err:
+        if args.kv_bits is None:
+            raise
+        raise UsageError(_flag_names(str(err))) from None  # e.g. a group size that does not divide the head dim
     text, plots = build_report(args.out, buckets=args.longbench_e)
     print(text)
     print("plots: " + ", ".join(str(p) for p in plots))
     return 0
+
+
+#: options whose names the library's messages spell with underscores
+_FLAGS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
+
+
+def _flag_names(message: str) -> str:
+    """``message`` with the option names as the command line spells them (``--kv-group-size``)."""
+    for name in _FLAGS:
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    return message.replace("quantization group size", "quantization group size (--kv-group-size)")
 
 
 def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:
@@ -126,6 +150,8 @@ def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str,
         chat=not args.no_chat,
         norm_precision=args.norm_precision,
         kv_bits=None if args.kv_bits in (None, 16) else args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        kv_residual=args.kv_residual,
         decode_budget=args.decode_budget,
         decode_interval=args.decode_interval,
         qa_source=args.qa_source,

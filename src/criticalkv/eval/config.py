@@ -57,6 +57,10 @@ class SweepConfig:
     norm_precision: str | None = None
     #: storage precision of the compressed rows (``None``: the model's dtype); in the identity only when set
     kv_bits: int | None = None
+    #: entries per quantization scale and zero point, and the newest tokens kept exact (``None``: the
+    #: cache's defaults, 32 and ``min(64, budget)``); need ``kv_bits``; in the identity only when set
+    kv_group_size: int | None = None
+    kv_residual: int | None = None
     #: hold each compressed cache at this many entries per KV head while it decodes and while the
     #: answer is teacher-forced (``None``: every generated token kept); in the identity only when set
     decode_budget: int | None = None
@@ -107,7 +111,9 @@ class SweepConfig:
         if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
         if self.kv_bits is not None:
-            quantization_for(self.kv_bits)
+            quantization_for(self.kv_bits, **self.quantization_options())
+        elif self.kv_group_size is not None or self.kv_residual is not None:
+            raise ValueError("kv_group_size and kv_residual set how kv_bits quantizes: give kv_bits 8 or 4 too")
         if self.kv_bits is not None and self.decode_budget is not None:
             raise ValueError("quantized storage (kv_bits) and a decode budget cannot be combined yet: drop one of them")
         self._check_decode()
@@ -125,6 +131,11 @@ class SweepConfig:
         for method in self.methods:
             if method != "full":  # the full cache is the reference: it keeps every entry
                 check_decode_budget(get_method(method), window, self.decode_budget, self.decode_interval)
+
+    def quantization_options(self) -> dict[str, int]:
+        """The group size and residual given (``kv_group_size``/``kv_residual`` keywords of the cache)."""
+        given = {"group_size": self.kv_group_size, "residual": self.kv_residual}
+        return {k: v for k, v in given.items() if v is not None}
 
     @property
     def bench(self) -> Benchmark:
@@ -144,6 +155,9 @@ class SweepConfig:
             identity["norm_precision"] = self.norm_precision
         if self.kv_bits is not None:
             identity["kv_bits"] = self.kv_bits
+        for name in ("kv_group_size", "kv_residual"):
+            if getattr(self, name) is not None:
+                identity[name] = getattr(self, name)
         if self.decode_budget is not None:  # likewise: a decode budget is another run
             identity["decode_budget"], identity["decode_interval"] = self.decode_budget, self.decode_interval
         if self.head_scores is not None:
@@ -163,7 +177,14 @@ class SweepConfig:
         """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
         data = asdict(self)
         options = data.pop("options")
-        for optional in ("norm_precision", "kv_bits", "decode_budget", "decode_interval"):
+        for optional in (
+            "norm_precision",
+            "kv_bits",
+            "kv_group_size",
+            "kv_residual",
+            "decode_budget",
+            "decode_interval",
+        ):
             if data[optional] is None:
                 del data[optional]
         data["out"] = str(self.out)

@@ -34,7 +34,15 @@ LAYOUT = FolderLayout(
     exact=False,
     mismatch="{out} holds results of a different configuration ({diff}); use another --out",
     # in the identity only when set (folders made before them resume); never resumed without them
-    optional=("norm_precision", "kv_bits", "decode_budget", "decode_interval", "head_scores"),
+    optional=(
+        "norm_precision",
+        "kv_bits",
+        "kv_group_size",
+        "kv_residual",
+        "decode_budget",
+        "decode_interval",
+        "head_scores",
+    ),
 )
 
 _TEXT = (str,)

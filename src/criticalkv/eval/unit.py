@@ -116,6 +116,12 @@ class SampleEvaluator:
         #: (decode budget, interval) every compressed row is held at while it decodes, or ``None``
         self.decode = None if budget is None or interval is None else (budget, interval)
         self.decode_fields = {} if self.decode is None else {"decode_budget": budget, "decode_interval": interval}
+        # the storage options, checked against the model (a group size must divide its head dimension)
+        bits = config.kv_bits
+        spec = None if bits is None else quantization_for(bits, **config.quantization_options(), config=model.config)
+        self.storage = storage_options(spec)
+        given = {"kv_bits": bits, "kv_group_size": config.kv_group_size, "kv_residual": config.kv_residual}
+        self.storage_fields = {k: v for k, v in given.items() if v is not None}  # in each record, as set
         # KVzip: one reconstruction pass per sample, shared by every method of the unit
         self.reconstruction = repeat_prompt(tokenizer, config.chat) if needs.reconstruction else None
 
@@ -184,7 +190,7 @@ class SampleEvaluator:
         # the full-cache reference first, then every pending config
         rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
         configs = [(self.methods[m], b) for m, b in rows]
-        storage = storage_options(quantization_for(config.kv_bits)) if config.kv_bits else {}
+        storage = self.storage
         outcomes = decode_configs(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
         # quantized rows are measured against the unquantized full cache
         reference = reference_logprobs(model, states, after, self.methods["full"]) if storage else outcomes[0].logprobs
@@ -218,7 +224,7 @@ class SampleEvaluator:
                     "batch_rows": done.batch_rows,
                     "new_tokens": done.new_tokens,
                     **extra,
-                    **({"kv_bits": config.kv_bits} if storage else {}),
+                    **self.storage_fields,
                     "meta": sample.meta,
                 }
             )
