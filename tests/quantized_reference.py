@@ -32,10 +32,12 @@ QUANT: contextvars.ContextVar[Quantized | None] = contextvars.ContextVar("quant"
 
 
 def qdq_entries(keys: torch.Tensor, values: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, d) entries of one block: keys per channel over the entries, values per token per ``group`` channels."""
+    """(n, d) entries of one block: keys per channel over the entries, values per token per
+    ``min(group, d)`` channels."""
     n, d = values.shape
+    gv = min(group, d)
     k = quantize_dequantize(keys, bits, dim=0)
-    v = quantize_dequantize(values.reshape(n, d // group, group), bits, dim=-1).reshape(n, d)
+    v = quantize_dequantize(values.reshape(n, d // gv, gv), bits, dim=-1).reshape(n, d)
     return k, v
 
 
@@ -76,5 +78,62 @@ def quantized_reference(
     return masked_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
+@dataclass
+class Held:
+    """What a quantized cache under a decode budget holds, simulated per layer from the exact
+    entries: after each re-selection the kept entries are quantized again, in blocks of the new
+    selection, from the values the layer held (its quantized ones dequantized, its residual exact).
+
+    ``keeps[l]`` (B, H_kv, P_l) marks the kept positions of layer ``l``'s prefix region (the first
+    ``P_l`` positions); ``prefix[l]`` the values held there (``None``: the prompt, not yet quantized).
+    Positions from ``P_l`` on are the tail, quantized as the cache quantizes its tail.
+    """
+
+    keeps: list[torch.Tensor]
+    bits: int
+    group: int
+    residual: int
+    prefix: list[tuple[torch.Tensor, torch.Tensor] | None]
+
+    def entries(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, T, d) exact keys/values -> what layer ``layer`` holds at each position."""
+        keep = self.keeps[layer]
+        p = keep.shape[-1]
+        if self.prefix[layer] is None:
+            self.prefix[layer] = quantize_like_cache(key[:, :, :p], value[:, :, :p], keep, self.bits, self.group, 0)
+        held = self.prefix[layer]
+        assert held is not None
+        k, v = quantize_like_cache(key, value, keep, self.bits, self.group, self.residual)
+        k[:, :, :p], v[:, :, :p] = held
+        return k, v
+
+    def reselected(self, layer: int, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor) -> None:
+        """Layer ``layer`` re-selected ``keep`` (B, H, T) over everything it held (exact ``key``/``value``)."""
+        k, v = self.entries(layer, key, value)
+        self.prefix[layer] = quantize_like_cache(k, v, keep, self.bits, self.group, 0)
+        self.keeps[layer] = keep
+
+
+HELD: contextvars.ContextVar[Held | None] = contextvars.ContextVar("held", default=None)
+
+
+def held_reference(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked full cache over what :data:`HELD` says each position holds (set ``KEEP`` too)."""
+    held = HELD.get()
+    if held is not None:
+        key, value = held.entries(module.layer_idx, key, value)
+    return masked_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
 AttentionInterface.register("quantized_reference", quantized_reference)
 ALL_MASK_ATTENTION_FUNCTIONS.register("quantized_reference", sdpa_mask)
+AttentionInterface.register("held_reference", held_reference)
+ALL_MASK_ATTENTION_FUNCTIONS.register("held_reference", sdpa_mask)

@@ -1,0 +1,194 @@
+"""Quantized storage under a decode budget: logits equal a masked full cache whose held entries are
+the quantize-dequantize values the cache holds after each re-selection (tests/quantized_reference.py
+``Held``), over random schedules; re-selection happens, and the oracle can fail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import DynamicCache, PreTrainedModel
+
+import criticalkv as ckv
+from criticalkv.compat import cache_argument
+from criticalkv.prompts import positions
+from tests.conftest import ARCHS, make_tiny, padded_batch
+from tests.quantized_reference import HELD, Held
+from tests.reference import KEEP
+from tests.synthetic_scores import synthetic_head_scores
+
+DECODING = [m for m in ckv.available_methods() if m != "full" and not ckv.get_method(m).needs.prefill_only]
+_MODELS: dict[str, tuple[PreTrainedModel, PreTrainedModel]] = {}
+
+
+def models(arch: str) -> tuple[PreTrainedModel, PreTrainedModel]:
+    if arch not in _MODELS:
+        ref = make_tiny(arch)
+        ref.set_attn_implementation("held_reference")
+        _MODELS[arch] = (ckv.attach(make_tiny(arch)), ref)
+    return _MODELS[arch]
+
+
+@torch.no_grad()
+def run_schedule(
+    arch: str, method: str, lengths: list[int], storage: dict[str, int], decode: dict[str, int], steps: int, seed: int
+) -> tuple[float, ckv.CompressedCache, int]:
+    """Prefill at budget 0.6, a left-padded 4-token chunk, then ``steps`` single tokens; returns the
+    worst logit difference, the cache and the re-selections the reference followed."""
+    ours, ref = models(arch)
+    ids, mask = padded_batch(lengths, seed=seed)
+    cache = ckv.CompressedCache.for_model(
+        ours, method, 0.6, window=decode["window"], head_scores=synthetic_head_scores(ours),
+        decode_budget=decode["budget"], decode_interval=decode["interval"], **storage,
+    )  # fmt: skip
+    ref_cache = DynamicCache(config=ref.config)
+    pos = positions(mask)
+    ours(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache))
+    ref(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache))
+    layers = cache.compressed_layers
+    held = Held(
+        cache.keep_masks(), storage["kv_bits"], storage["kv_group_size"], storage["kv_residual"], [None] * len(layers)
+    )
+    g = torch.Generator().manual_seed(seed + 1)
+    rows = len(lengths)
+    chunk_mask = torch.ones(rows, 4, dtype=torch.long)
+    chunk_mask[-1, :2] = 0
+    feeds = [(torch.randint(3, 100, (rows, 4), generator=g), chunk_mask)]
+    feeds += [
+        (torch.randint(3, 100, (rows, 1), generator=g), torch.ones(rows, 1, dtype=torch.long)) for _ in range(steps)
+    ]
+    worst, followed = 0.0, 0
+    for tokens, new_mask in feeds:
+        mask = torch.cat([mask, new_mask], dim=1)
+        pos = positions(mask)[:, -tokens.shape[1] :]
+        before = [layer.prefix_len for layer in layers]
+        marks = (KEEP.set(held.keeps), HELD.set(held))
+        try:
+            a = ours(input_ids=tokens, attention_mask=mask, position_ids=pos, **cache_argument(ours, cache)).logits
+            b = ref(input_ids=tokens, attention_mask=mask, position_ids=pos, **cache_argument(ref, ref_cache)).logits
+        finally:
+            KEEP.reset(marks[0])
+            HELD.reset(marks[1])
+        worst = max(worst, float((a - b)[new_mask.bool()].abs().max()))
+        for i, layer in enumerate(layers):
+            if layer.prefix_len != before[i]:  # re-selected after this step's attention
+                assert layer.keep is not None and layer.tail_len == 0
+                exact = ref_cache.layers[i]
+                held.reselected(i, exact.keys, exact.values, layer.keep)
+                followed += 1
+    return worst, cache, followed
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arch=st.sampled_from(ARCHS),
+    method=st.sampled_from(DECODING),
+    lengths=st.lists(st.integers(24, 40), min_size=1, max_size=2),
+    bits=st.sampled_from([4, 8]),
+    group=st.sampled_from([2, 4, 8]),
+    residual=st.integers(0, 4),
+    extra=st.integers(0, 6),
+    interval=st.integers(1, 5),
+    window=st.integers(2, 4),
+    steps=st.integers(8, 18),
+    seed=st.integers(0, 1000),
+)
+def test_logits_equal_the_held_reference_over_reselections(
+    arch: str,
+    method: str,
+    lengths: list[int],
+    bits: int,
+    group: int,
+    residual: int,
+    extra: int,
+    interval: int,
+    window: int,
+    steps: int,
+    seed: int,
+) -> None:
+    storage = {"kv_bits": bits, "kv_group_size": group, "kv_residual": residual}
+    decode = {"budget": max(window + extra, residual), "interval": interval, "window": window}
+    worst, cache, followed = run_schedule(arch, method, lengths, storage, decode, steps, seed)
+    assert worst < 1e-4, f"{method} on {arch}, {bits} bits, group {group}: logits differ by {worst}"
+    assert cache.decode is not None and followed == cache.decode.reselections
+
+
+def _decode_logits(cache: ckv.CompressedCache, model: PreTrainedModel, steps: int) -> torch.Tensor:
+    ids, mask = padded_batch([40, 30], seed=3)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), **cache_argument(model, cache))
+    logits = torch.empty(0)
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        tok = torch.full((2, 1), 7)
+        logits = model(
+            input_ids=tok, attention_mask=mask, position_ids=positions(mask)[:, -1:], **cache_argument(model, cache)
+        ).logits
+    return logits
+
+
+@torch.no_grad()
+def test_reselection_happens_and_the_oracle_can_fail() -> None:
+    """Guards the property test: the schedule re-selects, and requantization changes the logits
+    (a reference that kept the first quantization's values would fail)."""
+    storage = {"kv_bits": 4, "kv_group_size": 4, "kv_residual": 2}
+    worst, cache, followed = run_schedule(
+        "llama", "snapkv", [40, 30], storage, {"budget": 8, "interval": 2, "window": 4}, 16, 3
+    )
+    assert worst < 1e-4 and followed > 0
+    layer = cache.compressed_layers[0]
+    assert float(cache.kept_entries().double().mean(-1).max()) <= 8 + 2
+    assert layer.prefix is not None and layer.prefix.num_entries > 0
+    ours, _ = models("llama")
+    options: dict[str, Any] = {"window": 4, "kv_bits": 4, "kv_group_size": 4}
+    plain = ckv.CompressedCache.for_model(ours, "snapkv", 1.0, **options)
+    bounded = ckv.CompressedCache.for_model(ours, "snapkv", 1.0, decode_budget=8, decode_interval=2, **options)
+    assert float((_decode_logits(plain, ours, 8) - _decode_logits(bounded, ours, 8)).abs().max()) > 1e-3
+
+
+@torch.no_grad()
+def test_a_reference_that_does_not_requantize_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oracle sees requantization: keeping the values held before a re-selection (new masks
+    only) leaves the logits off by more than the tolerance."""
+
+    def keep_values(self: Held, layer: int, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor) -> None:
+        self.prefix[layer] = self.entries(layer, key, value)
+        self.keeps[layer] = keep
+
+    monkeypatch.setattr(Held, "reselected", keep_values)
+    storage = {"kv_bits": 4, "kv_group_size": 4, "kv_residual": 2}
+    worst, _, followed = run_schedule(
+        "llama", "snapkv", [40, 30], storage, {"budget": 8, "interval": 2, "window": 4}, 16, 3
+    )
+    assert followed > 0 and worst > 1e-3
+
+
+@torch.no_grad()
+def test_quantized_memory_stays_bounded_through_generate() -> None:
+    """model.generate with 4-bit storage and a decode budget: the held entries stay bounded and the
+    bytes stay below the same run's unquantized bytes."""
+    model, _ = models("qwen2")
+    ids, mask = padded_batch([40, 33], seed=5)
+    sizes = []
+    for bits in (16, 4):
+        cache = ckv.CompressedCache.for_model(
+            model, "critical-adakv", 0.5, window=4, decode_budget=10, decode_interval=4, kv_bits=bits, kv_group_size=4
+        )
+        model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=40, min_new_tokens=40, do_sample=False,
+            **cache_argument(model, cache),
+        )  # fmt: skip
+        assert cache.decode is not None and cache.decode.reselections > 0
+        assert float(cache.kept_entries().double().mean(-1).max()) <= 10 + 4
+        sizes.append(cache.kv_bytes_peak())
+    assert sizes[1] < sizes[0] / 2
+
+
+def test_residual_longer_than_the_decode_budget_is_refused() -> None:
+    model, _ = models("llama")
+    with pytest.raises(ValueError, match="longer than the decode budget"):
+        ckv.CompressedCache.for_model(
+            model, "snapkv", 0.5, window=4, decode_budget=6, kv_bits=4, kv_group_size=4, kv_residual=8
+        )
