@@ -4,6 +4,7 @@ the quantize-dequantize values the cache holds after each re-selection (tests/qu
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,3 +193,28 @@ def test_residual_longer_than_the_decode_budget_is_refused() -> None:
         ckv.CompressedCache.for_model(
             model, "snapkv", 0.5, window=4, decode_budget=6, kv_bits=4, kv_group_size=4, kv_residual=8
         )
+
+
+def test_a_sweep_with_quantized_storage_under_a_decode_budget(tmp_path: Path) -> None:
+    """``criticalkv eval --kv-bits 4 --decode-budget``: records hold the bits, the peak, and fewer
+    bytes than the same sweep unquantized."""
+    from criticalkv.eval import store
+    from criticalkv.eval.runner import SweepConfig, run_sweep
+    from tests.tiny_tokenizer import char_tokenizer
+
+    model, _ = models("llama")
+    peaks = {}
+    for bits in (None, 4):
+        config = SweepConfig(
+            out=tmp_path / f"bits{bits}", tasks=["niah_single_1"], lengths=[400], methods=["full", "snapkv"],
+            budgets=[0.3], samples=1, window=6, max_new_tokens=10, model="tiny", decode_budget=12, decode_interval=4,
+            kv_bits=bits,
+        )  # fmt: skip
+        run_sweep(config, model, char_tokenizer())
+        records = {r["method"]: r for r in store.read_results(config.out)}
+        assert set(records) == {"full", "snapkv"}
+        assert records["snapkv"]["decode_budget"] == 12
+        if bits:
+            assert records["snapkv"]["kv_bits"] == 4 and records["full"]["kv_bits"] == 4
+        peaks[bits] = records["snapkv"]["kv_bytes_peak"]
+    assert peaks[4] < peaks[None] / 2

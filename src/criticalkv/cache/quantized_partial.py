@@ -39,10 +39,13 @@ class PartialBlocks:
     bits: int
     group: int
 
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The stored tensors: key codes, value codes, value scale and zero point, key scale and zero point."""
+        return (self.key_codes, self.value_codes, self.value_scale, self.value_zero, self.key_scale, self.key_zero)
+
     def nbytes(self) -> int:
         """Codes, scales and zero points (``rows``/``lengths`` are bookkeeping, not counted)."""
-        parts = (self.key_codes, self.value_codes, self.value_scale, self.value_zero, self.key_scale, self.key_zero)
-        return sum(t.numel() * t.element_size() for t in parts)
+        return sum(t.numel() * t.element_size() for t in self.parts())
 
     def _slots(self) -> torch.Tensor:
         """(E,) each entry's place in a (num_segments * width) padded layout."""

@@ -42,10 +42,13 @@ class QuantizedBlocks:
     def num_blocks(self) -> int:
         return int(self.key_codes.shape[1])
 
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The stored tensors: key codes, scale, zero point, value codes, scale, zero point."""
+        return (self.key_codes, self.key_scale, self.key_zero, self.value_codes, self.value_scale, self.value_zero)
+
     def nbytes(self) -> int:
         """Packed codes, scales and zero points (the validity mask is bookkeeping, not counted)."""
-        parts = (self.key_codes, self.key_scale, self.key_zero, self.value_codes, self.value_scale, self.value_zero)
-        return sum(t.numel() * t.element_size() for t in parts)
+        return sum(t.numel() * t.element_size() for t in self.parts())
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (n, (stop - start) * G, d) of blocks ``[start, stop)``, in ``dtype``."""

@@ -108,8 +108,6 @@ class SweepConfig:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
         if self.kv_bits is not None:
             quantization_for(self.kv_bits)
-        if self.kv_bits is not None and self.decode_budget is not None:
-            raise ValueError("quantized storage (kv_bits) and a decode budget cannot be combined yet: drop one of them")
         self._check_decode()
 
     def _check_decode(self) -> None:
