@@ -126,8 +126,8 @@ def storage_options(spec: KVQuantization | None) -> dict[str, Any]:
 
 
 def bits_per_element(cache: Any) -> float | None:
-    """Bits per key or value element a :class:`CompressedCache` holds now, scales, zero points,
-    padding and spare tail capacity included; ``None`` if it holds nothing."""
+    """Bits per key or value element a :class:`CompressedCache` holds now, scales, zero points
+    and spare tail capacity included; ``None`` if it holds nothing."""
     entries, bytes_ = 0, 0
     for layer in cache.compressed_layers:
         if layer.prefix is None:

@@ -60,9 +60,11 @@ def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
 
 def prefix_width(layer: CompressedLayer) -> int:
     """The longest segment's prefix entries (the width of the dense prefix)."""
-    assert layer.prefix is not None
-    lengths = layer.prefix.lengths
-    return int(lengths.max()) if lengths.numel() else 0
+    prefix = layer.prefix
+    assert prefix is not None
+    if isinstance(prefix, QuantizedPrefix):  # no tiers: its lengths say it
+        return int(prefix.lengths.max()) if prefix.lengths.numel() else 0
+    return sum(int(tier.keys.shape[1]) for tier in prefix.tiers)  # read off the shapes: no device sync
 
 
 def tail_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
