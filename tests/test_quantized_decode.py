@@ -1,6 +1,7 @@
-"""Quantized storage under a decode budget: logits equal a masked full cache whose held entries are
-the quantize-dequantize values the cache holds after each re-selection (tests/quantized_reference.py
-``Held``), over random schedules; re-selection happens, and the oracle can fail."""
+"""Quantized storage under a decode budget: every layer's attention, at every step, equals a masked
+full cache whose held entries are the quantize-dequantize values the cache holds after each
+re-selection (tests/quantized_reference.py ``Held``, run beside each attention call on the same
+exact entries by ``Shadow``), over random schedules; re-selection happens, and the oracle can fail."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def run_schedule(
     steps=st.integers(8, 18),
     seed=st.integers(0, 1000),
 )
-def test_logits_equal_the_held_reference_over_reselections(
+def test_attention_equals_the_held_reference_over_reselections(
     arch: str,
     method: str,
     lengths: list[int],
