@@ -4,7 +4,9 @@
 
 Each folder is one sweep over the same samples (same tasks, lengths, samples, seed) at one
 ``--kv-bits``. The NLL increase is measured against the *unquantized* full cache of the 16-bit
-folder, sample by sample (the quantized folders' ``full`` rows are quantization only).
+folder, sample by sample (the quantized folders' ``full`` rows are quantization only). Bits per
+element of the compressed prompt: ``32 * kv_bytes / kv_bytes`` of the 16-bit (float32) folder's
+row of the same sample and budget, which keeps the same entries (the selection runs before storage).
 Writes ``OUT/summary.csv`` and ``OUT/pareto.png``; prints the table.
 """
 
@@ -28,6 +30,7 @@ def main() -> None:
     out, folders = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:5]]
     out.mkdir(parents=True, exist_ok=True)
     reference = {(r["task"], r["index"]): r["nll"] for r in load(folders[0]) if r["method"] == "full"}
+    unquantized = {(r["task"], r["index"], r["method"], float(r["budget"])): r["kv_bytes"] for r in load(folders[0])}
     groups: dict[tuple[int, str, float], list[dict]] = defaultdict(list)
     for bits, folder in zip((16, 8, 4), folders, strict=True):
         for r in load(folder):
@@ -42,6 +45,9 @@ def main() -> None:
                 "n": len(records),
                 "kv_ratio": round(mean(r["kv_bytes"] / r["kv_bytes_full"] for r in records), 5),
                 "kv_bytes": round(mean(r["kv_bytes"] for r in records)),
+                "bits_per_element": round(
+                    mean(32 * r["kv_bytes"] / unquantized[(r["task"], r["index"], method, budget)] for r in records), 4
+                ),
                 "nll_increase": round(mean(r["nll"] - reference[(r["task"], r["index"])] for r in records), 4),
                 "kl": round(mean(r["kl"] for r in records), 4),
                 "top1": round(mean(r["top1"] for r in records), 3),

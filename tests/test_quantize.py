@@ -80,23 +80,68 @@ def test_block_bytes_equal_the_formula(bits: int) -> None:
     assert blocks.nbytes() == codes + key_stats + value_stats
 
 
-def test_prefix_bytes_and_bits_per_element() -> None:
-    """Ragged heads: each head's blocks are ceil(L / G), the last one padded; 4 bits, G=32 -> <= 5 bits."""
-    b, h, t, d, group = 2, 3, 200, 64, 32
+def prefix_bytes(lengths: torch.Tensor, d: int, bits: int, group: int) -> int:
+    """The bytes formula: whole blocks of ``group`` and each head's partial block at its real length."""
+    gv = min(group, d)
+    per_entry = 2 * d * bits // 8 + (d // gv) * 2 * 2  # key and value codes, value scale + zero
+    per_block = d * 2 * 2  # key scale + zero, float16, per channel
+    blocks = int((lengths // group).sum()) + int((lengths % group > 0).sum())
+    return int(lengths.sum()) * per_entry + blocks * per_block
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (4, 64), (8, 64), (4, 128)])
+def test_prefix_bytes_and_bits_per_element(bits: int, group: int) -> None:
+    """Ragged heads: L // G whole blocks plus a partial block of L mod G entries, no padded code."""
+    b, h, t, d = 2, 3, 300, 64
     g = torch.Generator().manual_seed(0)
     keep = torch.rand(b, h, t, generator=g) < torch.rand(b, h, 1, generator=g)
     keep[..., -4:] = True
-    prefix = build_quantized_prefix(torch.randn(b, h, t, d), torch.randn(b, h, t, d), keep, 4, group)
+    keep[0, 0, : 2 * group] = True  # one head of exactly whole blocks (no partial block)
+    keep[0, 0, 2 * group :] = False
+    prefix = build_quantized_prefix(torch.randn(b, h, t, d), torch.randn(b, h, t, d), keep, bits, group)
     lengths = keep.reshape(-1, t).sum(-1)
-    blocks = int(((lengths + group - 1) // group).sum())
-    padded = blocks * group
-    expected = 2 * padded * d // 2 + blocks * d * 2 * 2 + padded * (d // group) * 2 * 2
-    assert prefix.nbytes() == expected
-    assert 8 * expected / (2 * padded * d) == pytest.approx(4 + 1 / 2 + 1 / 2)  # codes, key and value stats
+    assert prefix.partial is not None and int(prefix.partial.key_codes.shape[0]) == int((lengths % group).sum())
+    assert prefix.nbytes() == prefix_bytes(lengths, d, bits, group)
+    assert int(prefix.segment_bytes().sum()) == prefix.nbytes()
+    if bits == 4 and group == 64:  # whole blocks: 4 + 0.5 (keys) + 0.5 (values) bits
+        whole = torch.full((1, 1, 640), True)
+        exact = build_quantized_prefix(torch.randn(1, 1, 640, d), torch.randn(1, 1, 640, d), whole, 4, 64)
+        assert exact.partial is None and 8 * exact.nbytes() / (2 * 640 * d) == pytest.approx(4.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bits=BITS,
+    group=st.sampled_from([4, 8, 16, 32]),
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_partial_blocks_read_back_within_half_a_step(bits: int, group: int, lengths: list[int], seed: int) -> None:
+    """Each head's kept entries read back in position order; the last L mod G are one group of
+    exactly that many entries (key statistics over them alone), each within half a step."""
+    t, d = 40, 16
+    g = torch.Generator().manual_seed(seed)
+    keys, values = torch.randn(1, len(lengths), t, d, generator=g) * 3, torch.randn(1, len(lengths), t, d, generator=g)
+    keep = torch.zeros(1, len(lengths), t, dtype=torch.bool)
+    for j, n in enumerate(lengths):
+        keep[0, j, torch.randperm(t, generator=g)[:n]] = True
+    prefix = build_quantized_prefix(keys, values, keep, bits, group)
+    dense_k, dense_v = prefix.dense(d, torch.float32)
+    assert prefix.nbytes() == prefix_bytes(keep[0].sum(-1), d, bits, group)
+    for j, n in enumerate(lengths):
+        kept_k, kept_v = keys[0, j, keep[0, j]], values[0, j, keep[0, j]]
+        got_k, got_v = dense_k[j, :n], dense_v[j, :n]
+        assert bool((dense_k[j, n:] == 0).all())
+        for c in range(0, n, group):  # each group's own step bounds its error
+            chunk = slice(c, min(n, c + group))
+            step = (kept_k[chunk].amax(0) - kept_k[chunk].amin(0)) / (2**bits - 1)
+            assert bool(((got_k[chunk] - kept_k[chunk]).abs() <= step / 2 * 1.01 + 1e-3).all())
+        vstep = (kept_v.amax(-1, keepdim=True) - kept_v.amin(-1, keepdim=True)) / (2**bits - 1)
+        assert bool(((got_v - kept_v).abs() <= vstep / 2 * 1.01 + 1e-3).all())
 
 
 def test_prefix_reads_back_its_kept_entries() -> None:
-    """The staircase gathers each head's kept entries in position order."""
+    """The staircase gathers each head's kept entries in position order; the partial tile masks its padding."""
     b, h, t, d, group = 1, 4, 30, 8, 4
     keys = torch.randn(b, h, t, d)
     keep = torch.zeros(b, h, t, dtype=torch.bool)
@@ -106,11 +151,13 @@ def test_prefix_reads_back_its_kept_entries() -> None:
     for s in range(h):
         i = int(prefix.inv_perm[s])
         parts = []
-        for tier in prefix.blocks:
+        for tier in prefix.attention_blocks():
             if tier.num_segments > i:
                 k, _ = tier.dequantize(0, tier.num_blocks, torch.float32)
-                parts.append(k[i])
-        got = torch.cat(parts)[: int(keep[0, s].sum())]
+                valid = tier.valid_columns(0, tier.num_blocks)
+                parts.append(k[i] if valid is None else k[i, valid[i]])
+        got = torch.cat(parts)
+        assert got.shape[0] == int(keep[0, s].sum())
         assert torch.allclose(got, keys[0, s, keep[0, s]], atol=0.05)
 
 

@@ -251,10 +251,6 @@ class CompressedCache(Cache):
 
     def save(self, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
         """Write the cache to ``path`` atomically; returns the file's bytes (see :mod:`~criticalkv.cache.persist`)."""
-        if self.quantization is not None:
-            raise ValueError(
-                "a quantized cache (kv_bits 8 or 4) cannot be saved yet: build it with kv_bits=16 to save it"
-            )
         return save_cache(self, path, model, tokenizer, **fields)
 
     @classmethod

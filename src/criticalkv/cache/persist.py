@@ -3,29 +3,33 @@
 The file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file. Per layer it holds
 the kept keys and values (the tiers of the ragged prefix, concatenated: exactly the prefix's
 bytes), the segment order and lengths, the kept positions (the keep mask, 1 bit per prompt
-position) and the decode tail's used entries. Its JSON header (the ``criticalkv`` metadata key)
-holds what makes the cache valid: the model and tokenizer fingerprints
-(:mod:`~criticalkv.cache.fingerprint`), the method, budget, window, the prompt lengths, the
-library version, caller fields such as the mode, and a SHA-256 checksum of every tensor and
-the rest of the header. The write is atomic (a temporary file in the same folder, fsync, rename).
+position) and the decode tail's used entries; a quantized layer's codes, scales and zero points
+instead of its keys and values (:mod:`~criticalkv.cache.quantized_persist`). Its JSON header
+(the ``criticalkv`` metadata key) holds what makes the cache valid: the model and tokenizer
+fingerprints (:mod:`~criticalkv.cache.fingerprint`), the method, budget, window, storage
+precision (``kv_bits``, group size, residual), the prompt lengths, the library version, caller
+fields such as the mode, and a SHA-256 checksum of every tensor and the rest of the header.
+The write is atomic (a temporary file in the same folder, fsync, rename).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from criticalkv.cache.atomic_write import save_atomically
 from criticalkv.cache.fingerprint import model_fingerprint, tokenizer_fingerprint
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.quant_spec import KVQuantization, storage_options
+from criticalkv.cache.quantized_layer import QuantizedLayer
+from criticalkv.cache.quantized_persist import quantized_header, quantized_tensors, restore_prefix, restore_tail
 from criticalkv.cache.tiers import RaggedPrefix, Tier
 from criticalkv.methods import Method, bind, get_method
 
@@ -49,8 +53,9 @@ class _Cache(Protocol):
     window: int
     real_prompt_tokens: torch.Tensor | None
     _budget_tokens: torch.Tensor | None
+    quantization: KVQuantization | None
 
-    def __init__(self, num_layers: int, method: Method, budget: Any, window: int) -> None: ...
+    def __init__(self, num_layers: int, method: Method, budget: Any, window: int, **storage: Any) -> None: ...
 
     @property
     def compressed_layers(self) -> list[CompressedLayer]: ...
@@ -87,6 +92,8 @@ def _layer_tensors(i: int, layer: CompressedLayer) -> dict[str, torch.Tensor]:
     if layer.tail_len and layer.tail_keys is not None and layer.tail_values is not None:
         tensors[f"{i}.tail_keys"] = layer.tail_keys[:, : layer.tail_len]
         tensors[f"{i}.tail_values"] = layer.tail_values[:, : layer.tail_len]
+    if isinstance(layer, QuantizedLayer):
+        tensors.update({f"{i}.{name}": tensor for name, tensor in quantized_tensors(layer).items()})
     return tensors
 
 
@@ -107,6 +114,7 @@ def _layer_header(layer: CompressedLayer) -> dict[str, Any]:
         "tail_capacity": layer.tail_capacity(),
         "tail_may_have_padding": layer.tail_may_have_padding,
         "dtype": str(layer.dtype).removeprefix("torch."),
+        **(quantized_header(layer) if isinstance(layer, QuantizedLayer) else {}),
     }
 
 
@@ -146,6 +154,7 @@ def save_cache(cache: _Cache, path: str | Path, model: Any, tokenizer: Any = Non
         "method_options": _json_options(cache.method),
         "budget": cache.budget,
         "window": cache.window,
+        "storage": storage_options(cache.quantization),
         "num_layers": cache.num_layers,
         "prompt_tokens": [int(n) for n in cache.real_prompt_tokens.tolist()],
         "layers": [_layer_header(layer) for layer in layers],
@@ -153,30 +162,8 @@ def save_cache(cache: _Cache, path: str | Path, model: Any, tokenizer: Any = Non
     }
     header["checksum"] = _checksum(tensors, header)
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(handle)
-    try:
-        save_file(tensors, temporary, metadata={HEADER_KEY: json.dumps(header)})
-        with open(temporary, "rb+") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _fsync_folder(target.parent)
+    save_atomically(tensors, target, {HEADER_KEY: json.dumps(header)})
     return target.stat().st_size
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform that cannot open folders (Windows): the rename is durable enough
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
@@ -254,7 +241,8 @@ def load_cache(
     where = torch.device(device) if device is not None else model.get_input_embeddings().weight.device
     method = get_method(header["method"])
     changed = {k: v for k, v in header["method_options"].items() if method.options().get(k, v) != v}
-    cache = cls(header["num_layers"], bind(method.with_options(**changed), model), header["budget"], header["window"])
+    bound, storage = bind(method.with_options(**changed), model), header.get("storage", {})
+    cache = cls(header["num_layers"], bound, header["budget"], header["window"], **storage)
     cache.real_prompt_tokens = tensors["real_prompt_tokens"].to(where)
     cache._budget_tokens = tensors["budget_tokens"].to(where)
     for i, (layer, info) in enumerate(zip(cache.compressed_layers, header["layers"], strict=True)):
@@ -272,7 +260,7 @@ def _restore_layer(
     sorted_lengths = lengths[perm].tolist()
     tiers, previous, offset = [], 0, 0
     keys, values = t["keys"].to(where), t["values"].to(where)
-    for level in sorted(set(sorted_lengths)):
+    for level in [] if isinstance(layer, QuantizedLayer) else sorted(set(sorted_lengths)):
         if level == 0:
             continue
         n, width = sum(1 for x in sorted_lengths if x >= level), level - previous
@@ -281,14 +269,24 @@ def _restore_layer(
         tiers.append(Tier(keys[part].view(n, width, d), values[part].view(n, width, d)))
         offset, previous = offset + size, level
     keep_bits = np.unpackbits(t["keep"].numpy(), count=b * h * info["prompt_len"]).astype(bool)
-    layer.prefix = RaggedPrefix(tiers, perm, inv_perm, lengths, identity=info["identity"])
+    if isinstance(layer, QuantizedLayer):  # codes, scales and zero points instead of tiers
+        quantized = {k: v.to(where) for k, v in t.items() if k.startswith("q.")}
+        layer.prefix = restore_prefix(
+            quantized, perm, lengths, info["identity"], d, layer.spec.bits, layer.spec.group_size
+        )
+    else:
+        layer.prefix = RaggedPrefix(tiers, perm, inv_perm, lengths, identity=info["identity"])
     layer.keep = torch.from_numpy(keep_bits).view(b, h, info["prompt_len"]).to(where)
     layer.batch_size, layer.num_kv_heads, layer.head_dim = b, h, d
     layer.device, layer.dtype = where, keys.dtype
     layer.prefix_len, layer.owns_prefix, layer.is_initialized = info["prefix_len"], True, True
     layer.tail_keys = layer.tail_values = None
     layer.tail_len, layer.fused = 0, None
-    if info["tail_len"]:
+    if isinstance(layer, QuantizedLayer):
+        layer._clear_tail()
+        restore_tail(layer, info, t, where)
+        layer.tail_len = info["tail_len"]
+    elif info["tail_len"]:
         layer._grow_tail(info["tail_capacity"])
         assert layer.tail_keys is not None and layer.tail_values is not None
         layer.tail_keys[:, : info["tail_len"]] = t["tail_keys"].to(where)

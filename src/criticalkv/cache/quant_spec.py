@@ -7,8 +7,9 @@ from typing import Any
 
 from criticalkv.cache.quantize import SUPPORTED_BITS
 
-#: entries (keys: tokens, values: channels) sharing one scale and zero point
-DEFAULT_GROUP_SIZE = 32
+#: entries (keys: tokens, values: channels) sharing one scale and zero point; 64 with head dimension
+#: 64 (the default model) is one value group per token: 4 + 0.5 + 0.5 (whole key blocks) = 4.5 bits
+DEFAULT_GROUP_SIZE = 64
 #: most recent appended tokens kept in full precision (capped at the smallest per-head budget)
 DEFAULT_RESIDUAL = 64
 #: ``kv_bits`` values that mean "not quantized": the model's own dtype
@@ -19,8 +20,9 @@ UNQUANTIZED_BITS: tuple[int, ...] = (16, 32)
 class KVQuantization:
     """Kept entries stored in ``bits`` bits (Liu et al. 2024, KIVI, arXiv 2402.02750).
 
-    Keys are quantized per channel over ``group_size`` consecutive kept entries of a head; values
-    per token over ``group_size`` consecutive channels. The most recent ``residual`` appended
+    Keys are quantized per channel over ``group_size`` consecutive kept entries of a head (a head's
+    last block holds the rest, fewer, at their real length); values per token over
+    ``min(group_size, head_dim)`` consecutive channels. The most recent ``residual`` appended
     tokens stay in full precision; older ones are quantized ``group_size`` at a time.
     ``residual=None`` means :data:`DEFAULT_RESIDUAL`, capped at the smallest per-head budget.
     """
@@ -40,11 +42,11 @@ class KVQuantization:
             raise ValueError(f"the full-precision residual must be a non-negative integer, not {self.residual!r}")
 
     def check_head_dim(self, head_dim: int) -> None:
-        """A clear error if the group size does not divide the head dimension."""
-        if head_dim % self.group_size:
+        """A clear error if the group size neither divides the head dimension nor is a multiple of it."""
+        if head_dim % self.group_size and self.group_size % head_dim:
             raise ValueError(
                 f"the quantization group size {self.group_size} does not divide the head dimension {head_dim}: "
-                f"pick a divisor of {head_dim} (e.g. {_largest_divisor(head_dim, self.group_size)})"
+                f"pick a divisor of {head_dim} (e.g. {_largest_divisor(head_dim, self.group_size)}) or a multiple"
             )
         if self.bits == 4 and head_dim % 2:
             raise ValueError(
@@ -104,11 +106,15 @@ def quantization_for(
 
 
 def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | None) -> None:
-    """Decode-time compression re-selects over full-precision entries: refused with quantized storage."""
-    if spec is not None and decode_budget is not None:
+    """A clear error if an explicit residual is longer than the decode budget (before any work).
+
+    Decode-time re-selection works on quantized storage: the layer's entries are dequantized to
+    score them, and the kept ones quantized again (:mod:`~criticalkv.cache.reselect`).
+    """
+    if spec is not None and decode_budget is not None and spec.residual is not None and spec.residual > decode_budget:
         raise ValueError(
-            "a decode budget (decode-time re-selection) cannot be combined with quantized storage "
-            f"(kv_bits={spec.bits}): pass decode_budget=None, or kv_bits=16"
+            f"the full-precision residual ({spec.residual} tokens) is longer than the decode budget "
+            f"({decode_budget} entries per head): pass kv_residual <= {decode_budget} or a larger decode budget"
         )
 
 
@@ -120,8 +126,8 @@ def storage_options(spec: KVQuantization | None) -> dict[str, Any]:
 
 
 def bits_per_element(cache: Any) -> float | None:
-    """Bits per key or value element a :class:`CompressedCache` holds now, scales, zero points,
-    padding and spare tail capacity included; ``None`` if it holds nothing."""
+    """Bits per key or value element a :class:`CompressedCache` holds now, scales, zero points
+    and spare tail capacity included; ``None`` if it holds nothing."""
     entries, bytes_ = 0, 0
     for layer in cache.compressed_layers:
         if layer.prefix is None:

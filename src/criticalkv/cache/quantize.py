@@ -18,6 +18,11 @@ SUPPORTED_BITS: tuple[int, ...] = (4, 8)
 SCALE_DTYPE = torch.float16
 
 
+def value_group(group: int, head_dim: int) -> int:
+    """Channels per value group: ``group``, or the whole head when ``group`` is at least ``head_dim``."""
+    return min(group, head_dim)
+
+
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack uint8 ``codes`` (..., d) of ``bits`` bits: 8 -> unchanged, 4 -> (..., d / 2), even index low."""
     if bits == 8:

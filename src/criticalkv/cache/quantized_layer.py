@@ -56,12 +56,18 @@ class QuantizedLayer(CompressedLayer):
     def set_prefix(
         self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, logical_len: int | None = None
     ) -> None:
-        """Quantize and store the kept entries of the prompt's (B, H_kv, T, d) keys/values."""
+        """Quantize and store the kept entries of the prompt's (B, H_kv, T, d) keys/values.
+
+        With ``logical_len`` (a decode-time re-selection, :mod:`~criticalkv.cache.reselect`) the
+        entries are the layer's dequantized ones: they are quantized again in blocks of the new
+        selection, and the residual length set at the prefill stays.
+        """
         b, h, t, d = keys.shape
         self.spec.check_head_dim(d)
-        per_head = int(keep.reshape(b, -1).sum(-1).min()) // max(1, h)  # the smallest row's budget per head
-        self.spec.check_budget(per_head)
-        self.residual = self.spec.residual_for(per_head)
+        if logical_len is None:
+            per_head = int(keep.reshape(b, -1).sum(-1).min()) // max(1, h)  # the smallest row's budget per head
+            self.spec.check_budget(per_head)
+            self.residual = self.spec.residual_for(per_head)
         self.batch_size, self.num_kv_heads, self.head_dim = b, h, d
         self.device, self.dtype = keys.device, keys.dtype
         self.prefix = build_quantized_prefix(keys, values, keep, self.spec.bits, self.spec.group_size)
@@ -148,7 +154,7 @@ class QuantizedLayer(CompressedLayer):
         r = self.residual_len
         out = quantized_attention(
             q_sorted,
-            prefix.blocks,
+            prefix.attention_blocks(),
             self.tail_blocks,
             self.tail_used,
             None if self.residual_keys is None else self.residual_keys[:, :r],
@@ -159,6 +165,27 @@ class QuantizedLayer(CompressedLayer):
         if not prefix.identity:
             out = out[prefix.inv_perm]
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
+
+    def dense_tail(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S, t, d) keys and values of every segment's tail as held (quantized blocks dequantized,
+        then the exact residual), original segment order: a transient copy for re-selection."""
+        assert self.prefix is not None
+        s, d = self.batch_size * self.num_kv_heads, self.head_dim
+        parts_k, parts_v = [], []
+        if self.tail_blocks is not None and self.tail_used:
+            k, v = self.tail_blocks.dequantize(0, self.tail_used, self.dtype)
+            parts_k.append(k)
+            parts_v.append(v)
+        if self.residual_keys is not None and self.residual_values is not None:
+            parts_k.append(self.residual_keys[:, : self.residual_len])
+            parts_v.append(self.residual_values[:, : self.residual_len])
+        if not parts_k:
+            empty = torch.zeros(s, 0, d, dtype=self.dtype, device=self.device)
+            return empty, empty.clone()
+        keys, values = torch.cat(parts_k, dim=1), torch.cat(parts_v, dim=1)
+        if not self.prefix.identity:
+            keys, values = keys[self.prefix.inv_perm], values[self.prefix.inv_perm]
+        return keys, values
 
     # --- accounting ------------------------------------------------------------------------------
     def nbytes(self) -> int:

@@ -2,9 +2,11 @@
 
 Like :class:`~criticalkv.cache.tiers.RaggedPrefix`, segments are sorted longest first, but the
 staircase is cut in whole blocks of ``G`` entries: segment ``s`` of ``L_s`` kept entries has
-``ceil(L_s / G)`` blocks (the last one partial, its padding masked), and tier ``j`` holds blocks
-``[b_{j-1}, b_j)`` of the segments with at least ``b_j`` blocks. Key groups then never straddle a
-tier boundary, and there are at most ``ceil(max L / G)`` tiers.
+``L_s // G`` whole blocks, and tier ``j`` holds blocks ``[b_{j-1}, b_j)`` of the segments with at
+least ``b_j`` whole blocks. Key groups then never straddle a tier boundary, and there are at most
+``max L / G`` tiers. The remaining ``L_s mod G`` entries of each segment form its partial block,
+stored at its real length (:class:`~criticalkv.cache.quantized_partial.PartialBlocks`): no padded
+code is stored or counted.
 """
 
 from __future__ import annotations
@@ -13,29 +15,70 @@ from dataclasses import dataclass, field
 
 import torch
 
+from criticalkv.cache.quantized_partial import PartialBlocks, quantize_partial
 from criticalkv.cache.quantized_store import QuantizedBlocks, quantize_blocks
 from criticalkv.cache.tiers import RaggedPrefix, segment_order
 
 
 @dataclass
 class QuantizedPrefix(RaggedPrefix):
-    """A :class:`RaggedPrefix` whose entries live in ``blocks`` (its ``tiers`` are empty).
+    """A :class:`RaggedPrefix` whose entries live in ``blocks`` and ``partial`` (its ``tiers`` are empty).
 
-    ``block_starts[j]`` is the first block index of ``blocks[j]`` within a segment.
+    ``block_starts[j]`` is the first block index of ``blocks[j]`` within a segment; ``partial``
+    holds each segment's last ``L mod G`` entries (``None``: every segment holds whole blocks).
     """
 
     blocks: list[QuantizedBlocks] = field(default_factory=list)
     block_starts: list[int] = field(default_factory=list)
+    partial: PartialBlocks | None = None
 
     def nbytes(self) -> int:
-        return sum(tier.nbytes() for tier in self.blocks)
+        whole = sum(tier.nbytes() for tier in self.blocks)
+        return whole + (0 if self.partial is None else self.partial.nbytes())
+
+    def attention_blocks(self) -> list[QuantizedBlocks]:
+        """What decode attention reads: the whole-block tiers, then the partial blocks as one transient tile."""
+        if self.partial is None:
+            return self.blocks
+        return [*self.blocks, self.partial.as_blocks()]
 
     def segment_bytes(self) -> torch.Tensor:
         """(S,) bytes each segment holds (original order): its blocks' codes, scales and zero points."""
         per_segment = torch.zeros(self.lengths.shape[0], dtype=torch.long, device=self.lengths.device)
         for tier in self.blocks:
             per_segment[self.perm[: tier.num_segments]] += tier.nbytes() // max(1, tier.num_segments)
+        part = self.partial
+        if part is not None and part.rows.numel():
+            entries = int(part.key_codes.shape[0])
+            per_entry = (part.nbytes() - part.key_scale.numel() * 2 * part.key_scale.element_size()) // entries
+            per_block = 2 * part.key_scale.shape[-1] * part.key_scale.element_size()
+            per_segment[self.perm[part.rows]] += part.lengths * per_entry + per_block
         return per_segment
+
+    def dense(self, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S, max L, d) dequantized keys and values of every segment in position order, original
+        segment order, zero beyond a segment's length (a transient copy: decode-time re-selection)."""
+        s, width = int(self.lengths.shape[0]), int(self.lengths.max()) if self.lengths.numel() else 0
+        keys = torch.zeros(s, width, d, dtype=dtype, device=self.lengths.device)
+        values = torch.zeros_like(keys)
+        offset = 0
+        for tier in self.blocks:
+            k, v = tier.dequantize(0, tier.num_blocks, dtype)
+            n, w = int(k.shape[0]), int(k.shape[1])
+            keys[:n, offset : offset + w], values[:n, offset : offset + w] = k, v
+            offset += w
+        if self.partial is not None:
+            part = self.partial
+            k, v = part.dequantize_entries(dtype)
+            rows = part.rows.repeat_interleave(part.lengths)
+            whole = (self.lengths[self.perm] - self.lengths[self.perm] % part.group)[rows]
+            within = torch.arange(int(k.shape[0]), device=k.device) - (
+                torch.cumsum(part.lengths, 0) - part.lengths
+            ).repeat_interleave(part.lengths)
+            keys[rows, whole + within], values[rows, whole + within] = k, v
+        if not self.identity:
+            keys, values = keys[self.inv_perm], values[self.inv_perm]
+        return keys, values
 
     def segment(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("a quantized prefix cannot be read back per segment in full precision")
@@ -48,15 +91,9 @@ def build_quantized_prefix(
     b, h, t, d = keys.shape
     s = b * h
     keep_s, lengths, perm, inv_perm = segment_order(keep)
-    counts = (lengths + group - 1) // group  # blocks per segment
-    sorted_counts = counts[perm]
-    longest = int(sorted_counts[0]) * group if s else 0
-    pad = max(0, longest - t)
+    sorted_lengths = lengths[perm]
+    sorted_counts = sorted_lengths // group  # whole blocks per segment
     keys_s, values_s = keys.reshape(s, t, d), values.reshape(s, t, d)
-    if pad:
-        keys_s = torch.cat([keys_s, keys_s.new_zeros(s, pad, d)], dim=1)
-        values_s = torch.cat([values_s, values_s.new_zeros(s, pad, d)], dim=1)
-        keep_s = torch.cat([keep_s, keep_s.new_zeros(s, pad)], dim=1)
     positions = torch.argsort((~keep_s).to(torch.int8), dim=-1, stable=True)  # kept first, in order
     tiers: list[QuantizedBlocks] = []
     starts: list[int] = []
@@ -67,12 +104,22 @@ def build_quantized_prefix(
         n = int((sorted_counts >= level).sum())
         rows = perm[:n, None]
         cols = positions[rows[:, 0], previous * group : level * group]
-        index = torch.arange(previous * group, level * group, device=keys.device)
-        valid = index[None, :] < lengths[perm[:n], None]
-        k = keys_s[rows, cols].masked_fill(~valid[..., None], 0.0)
-        v = values_s[rows, cols].masked_fill(~valid[..., None], 0.0)
-        tiers.append(quantize_blocks(k, v, bits, group, valid))
+        tiers.append(quantize_blocks(keys_s[rows, cols], values_s[rows, cols], bits, group))
         starts.append(previous)
         previous = level
+    rest = sorted_lengths - sorted_counts * group
+    partial = None
+    if bool((rest > 0).any()):
+        rows_p = torch.nonzero(rest > 0).flatten()  # sorted-segment indices, increasing
+        width = int(rest.max())
+        segs = perm[rows_p]
+        index = (sorted_counts[rows_p, None] * group + torch.arange(width, device=keys.device)).clamp(max=t - 1)
+        cols = positions[segs[:, None], index]
+        valid = torch.arange(width, device=keys.device)[None, :] < rest[rows_p, None]
+        k = keys_s[segs[:, None], cols].masked_fill(~valid[..., None], 0.0)
+        v = values_s[segs[:, None], cols].masked_fill(~valid[..., None], 0.0)
+        partial = quantize_partial(k, v, valid, rows_p, bits, group)
     levels = torch.unique(lengths)
-    return QuantizedPrefix([], perm, inv_perm, lengths, identity=len(levels) <= 1, blocks=tiers, block_starts=starts)
+    return QuantizedPrefix(
+        [], perm, inv_perm, lengths, identity=len(levels) <= 1, blocks=tiers, block_starts=starts, partial=partial
+    )

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.quantized_layer import QuantizedLayer
+from criticalkv.cache.quantized_prefix import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 
@@ -35,12 +37,15 @@ class UnionLayout:
 
 
 def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, L, d) keys and values of every segment's prefix, original segment order, zero-padded."""
+    """(S, L, d) keys and values of every segment's prefix, original segment order, zero-padded
+    (a quantized prefix: dequantized)."""
     layer.settle()
     prefix = layer.prefix
     assert prefix is not None
     s, d = layer.batch_size * layer.num_kv_heads, layer.head_dim
-    width = sum(int(tier.keys.shape[1]) for tier in prefix.tiers)
+    if isinstance(prefix, QuantizedPrefix):
+        return prefix.dense(d, layer.dtype)
+    width = prefix_width(layer)
     keys = torch.zeros(s, width, d, dtype=layer.dtype, device=layer.device)
     values = torch.zeros_like(keys)
     offset = 0
@@ -53,10 +58,22 @@ def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, values
 
 
+def prefix_width(layer: CompressedLayer) -> int:
+    """The longest segment's prefix entries (the width of the dense prefix)."""
+    prefix = layer.prefix
+    assert prefix is not None
+    if isinstance(prefix, QuantizedPrefix):  # no tiers: its lengths say it
+        return int(prefix.lengths.max()) if prefix.lengths.numel() else 0
+    return sum(int(tier.keys.shape[1]) for tier in prefix.tiers)  # read off the shapes: no device sync
+
+
 def tail_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, t, d) keys and values of every segment's tail, original segment order."""
+    """(S, t, d) keys and values of every segment's tail, original segment order (a quantized
+    layer's as held: its quantized blocks dequantized, then its exact residual)."""
     layer.settle()
     assert layer.prefix is not None
+    if isinstance(layer, QuantizedLayer):
+        return layer.dense_tail()
     t = layer.tail_len
     if not t or layer.tail_keys is None or layer.tail_values is None:
         empty = torch.zeros(layer.batch_size * layer.num_kv_heads, 0, layer.head_dim, dtype=layer.dtype)
@@ -164,7 +181,7 @@ def kept_in_order(per_entry: torch.Tensor, keep: torch.Tensor, layer: Compressed
     (``L`` the layer's longest segment; zero beyond a segment's length)."""
     assert layer.prefix is not None
     s, t = keep.shape[0] * keep.shape[1], keep.shape[-1]
-    width = sum(int(tier.keys.shape[1]) for tier in layer.prefix.tiers)
+    width = prefix_width(layer)
     keep_s = keep.reshape(s, t)
     order = torch.argsort((~keep_s).to(torch.int8), dim=-1, stable=True)[:, :width]
     picked = per_entry.reshape(s, t).gather(1, order)

@@ -54,16 +54,22 @@ def stacked_cache(
 
 
 def decode_budget_cache(
-    states: Sequence[LayerState], method: Method, budget: Budget, decode_budget: int, decode_interval: int
+    states: Sequence[LayerState],
+    method: Method,
+    budget: Budget,
+    decode_budget: int,
+    decode_interval: int,
+    **storage: Any,
 ) -> tuple[CompressedCache, float]:
     """A one-row cache of the prompt of ``states`` compressed by ``method`` at ``budget``, then held at
     ``decode_budget`` entries per KV head while it decodes (see
     :class:`~criticalkv.cache.decode_compression.DecodeCompression`).
 
     A decode budget re-selects with one method per cache, so such a config is not stacked with
-    others. Returns the cache and the prompt's selection time (seconds).
+    others. ``storage``: the storage options (``kv_bits`` etc.). Returns the cache and the
+    prompt's selection time (seconds).
     """
-    cache, times = stacked_cache(states, [(method, budget)])
+    cache, times = stacked_cache(states, [(method, budget)], **storage)
     held = DecodeCompression(method, decode_budget, decode_interval, cache.window, len(states))
     held.install(cache.compressed_layers)
     for layer, state in zip(cache.compressed_layers, states, strict=True):

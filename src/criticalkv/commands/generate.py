@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
 from criticalkv.runtime import MODES
@@ -33,7 +34,12 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--kv-bits", type=int, choices=[16, 8, 4], default=16, help="store the kept entries in 8 or 4 bits"
     )
-    gen.add_argument("--kv-group-size", type=int, default=32, help="entries per quantization scale and zero point")
+    gen.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=DEFAULT_GROUP_SIZE,
+        help=f"entries per quantization scale and zero point (default {DEFAULT_GROUP_SIZE})",
+    )
     gen.add_argument("--kv-residual", type=int, default=None, help="newest tokens kept exact (default min(64, budget))")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")

@@ -114,8 +114,6 @@ class SweepConfig:
             quantization_for(self.kv_bits, **self.quantization_options())
         elif self.kv_group_size is not None or self.kv_residual is not None:
             raise ValueError("kv_group_size and kv_residual set how kv_bits quantizes: give kv_bits 8 or 4 too")
-        if self.kv_bits is not None and self.decode_budget is not None:
-            raise ValueError("quantized storage (kv_bits) and a decode budget cannot be combined yet: drop one of them")
         self._check_decode()
 
     def _check_decode(self) -> None:

@@ -67,19 +67,17 @@ def decode_configs(
     storage: Mapping[str, Any] | None = None,
 ) -> list[RowOutcome]:
     """The outcome of every config, in order; ``decode``: (decode budget, interval) or ``None``;
-    ``storage``: the cache's storage options (``kv_bits`` etc.), not combined with ``decode``."""
+    ``storage``: the cache's storage options (``kv_bits`` etc.)."""
     if decode is None:
         cache, times = stacked_cache(states, configs, **(storage or {}))
         return _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=False, stepwise=False)
-    if storage:
-        raise ValueError("quantized storage and a decode budget cannot be combined yet: drop one of them")
     outcomes: list[RowOutcome] = []
     for method, budget in configs:
         if method.compresses:
-            cache, seconds = decode_budget_cache(states, method, budget, *decode)
+            cache, seconds = decode_budget_cache(states, method, budget, *decode, **(storage or {}))
             times = [seconds]
         else:  # the full cache, the reference: it keeps every entry
-            cache, times = stacked_cache(states, [(method, budget)])
+            cache, times = stacked_cache(states, [(method, budget)], **(storage or {}))
         outcomes += _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=True, stepwise=True)
     return outcomes
 
