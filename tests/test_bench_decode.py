@@ -74,7 +74,7 @@ def test_old_records_without_decode_fields_keep_their_key() -> None:
         ({"decode_budget": 4}, "below the observation window"),
         ({"decode_budget": 16, "decode_interval": 0}, "decode_interval must be a positive"),
         ({"decode_budget": 16, "methods": ["expected-attention"]}, "cannot re-select while decoding"),
-        ({"decode_budget": 16, "kv_bits": 4}, "cannot be combined with quantized storage"),
+        ({"decode_budget": 16, "kv_bits": 4, "kv_residual": 32}, "longer than the decode budget"),
         ({"decode_budget": 16.5}, "token count per KV head"),
     ],
 )
@@ -109,7 +109,7 @@ def test_cli_decode_budget_records(tiny_folder: Path, capsys: pytest.CaptureFixt
         (["--decode-budget", "4"], "--decode-budget 4 is below the observation window"),
         (["--decode-budget", "16", "--decode-interval", "0"], "--decode-interval must be a positive"),
         (["--decode-budget", "16", "--methods", "expected-attention"], "cannot re-select while decoding"),
-        (["--decode-budget", "16", "--kv-bits", "4"], "cannot be combined with quantized storage (--kv-bits=4)"),
+        (["--decode-budget", "16", "--kv-bits", "4", "--kv-residual", "32"], "longer than the decode budget"),
     ],
 )
 def test_cli_rejects_bad_decode_input_before_loading(

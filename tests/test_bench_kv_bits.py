@@ -75,7 +75,7 @@ def test_quantized_rows_beside_unquantized_ones(tiny_llama: PreTrainedModel, tmp
         ({"kv_bits": None}, "give kv_bits 8 or 4 too"),
         ({"kv_group_size": 0}, "group size must be a positive integer"),
         ({"kv_residual": 40, "budgets": [32]}, "longer than the budget"),
-        ({"decode_budget": 16}, "cannot be combined with quantized storage .kv_bits=4."),
+        ({"decode_budget": 16, "kv_residual": 32}, "longer than the decode budget"),
         ({"methods": []}, "at least one method besides full"),
     ],
 )
@@ -85,8 +85,9 @@ def test_config_rejects_bad_storage_input(changes: dict[str, object], message: s
 
 
 def test_group_size_must_divide_the_models_head_dimension(tiny_llama: PreTrainedModel) -> None:
-    with pytest.raises(ValueError, match="group size 32 does not divide the head dimension 16"):
-        _config(kv_group_size=None).check_model(tiny_llama)
+    _config(kv_group_size=None).check_model(tiny_llama)  # the default 64 is a multiple of head_dim 16
+    with pytest.raises(ValueError, match="group size 24 does not divide the head dimension 16"):
+        _config(kv_group_size=24).check_model(tiny_llama)
 
 
 def _planned(config: BenchConfig, reason: str | None) -> tuple[list[str], list[str]]:
@@ -163,7 +164,7 @@ def test_cli_kv_bits_records(tiny_folder: Path, capsys: pytest.CaptureFixture[st
     [
         (["--kv-bits", "3"], "--kv-bits must be 16 (not quantized), 8 or 4, not 3"),
         (["--kv-group-size", "8"], "give --kv-bits 8 or 4 too"),
-        (["--kv-bits", "4", "--decode-budget", "16"], "cannot be combined with quantized storage (--kv-bits=4)"),
+        (["--kv-bits", "4", "--kv-residual", "32", "--decode-budget", "16"], "longer than the decode budget"),
     ],
 )
 def test_cli_rejects_bad_storage_input_before_loading(
@@ -178,3 +179,16 @@ def test_cli_rejects_a_group_size_the_head_dimension_does_not_take(
 ) -> None:
     assert main(_argv(tiny_folder, "--kv-bits", "4", "--kv-group-size", "5")) == 2
     assert "group size (--kv-group-size) 5 does not divide the head dimension 16" in capsys.readouterr().err
+
+
+def test_cli_kv_bits_with_a_decode_budget(tiny_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Quantized storage under a decode budget: the quantized row stays held and below the unquantized one."""
+    argv = _argv(tiny_folder, "--kv-bits", "4", "--kv-group-size", "8", "--kv-residual", "4", "--json")
+    argv[argv.index("--decode-tokens") + 1] = "24"
+    assert main([*argv, "--decode-budget", "24", "--decode-interval", "8"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    plain, quantized = (r for r in records if r["method"] == "snapkv")
+    assert quantized["kv_bits"] == 4 and plain["kv_bits"] is None
+    assert quantized["kv_bytes_peak"] < plain["kv_bytes_peak"]
+    full = next(r for r in records if r["method"] == "full")
+    assert plain["kv_bytes_peak"] < full["kv_bytes_peak"]  # held at the decode budget while full grows

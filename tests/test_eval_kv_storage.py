@@ -59,7 +59,8 @@ def test_eval_kv_group_size_on_a_tiny_model(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    assert main(_argv(tiny_folder, out, "--kv-bits", "4")) == 2  # group 32 vs head_dim 16: before any work
+    # group 24 vs head_dim 16 (neither a divisor nor a multiple): refused before any work
+    assert main(_argv(tiny_folder, out, "--kv-bits", "4", "--kv-group-size", "24")) == 2
     err = capsys.readouterr().err
     assert "--kv-group-size" in err and "does not divide the head dimension 16" in err
     assert not out.exists()
