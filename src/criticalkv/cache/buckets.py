@@ -35,9 +35,10 @@ class Bucket:
 class LengthBuckets:
     """Prefix and tail of every segment of one layer, one dense buffer per kept length.
 
-    Build with :meth:`build`; ``capacity`` is the tail room per segment. Inputs and outputs of
-    :meth:`attend` are in sorted segment order (``prefix.perm``); :meth:`write` takes the
-    original order.
+    Build with :meth:`build`; ``capacity`` is the tail room per segment. :meth:`attend` and
+    :meth:`write` take and give the original segment order (``b * H_kv + h``): a bucket whose
+    segments are consecutive there reads its queries as a slice and its output is concatenated
+    in place, so a decode step gathers nothing (an index tensor per bucket otherwise).
     """
 
     def __init__(self, prefix: RaggedPrefix, capacity: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -63,6 +64,18 @@ class LengthBuckets:
             start, offset = end, offset + n * width
         #: the buckets as (1, n, L + capacity, d), made once (each decode step only slices them)
         self._views = [(b.keys[None], b.values[None]) for b in self.buckets]
+        #: per bucket, its segments in the original order: a slice where consecutive, else an index
+        self._rows: list[slice | torch.Tensor] = []
+        for b in self.buckets:
+            segments = prefix.perm[b.start : b.start + b.keys.shape[0]]
+            first, n = int(segments[0]), int(segments.shape[0])
+            consecutive = bool(torch.equal(segments, torch.arange(first, first + n, device=segments.device)))
+            self._rows.append(slice(first, first + n) if consecutive else segments.to(device))
+        slices = [r for r in self._rows if isinstance(r, slice)]
+        #: the buckets in original order when all are slices: the output is their concatenation
+        self._order = None
+        if len(slices) == len(self._rows):
+            self._order = sorted(range(len(slices)), key=lambda i: slices[i].start)
         base = base.to(device)
         #: per segment in the original order, the flat row of its tail entry 0
         self.tail_base = base if prefix.identity else base[prefix.inv_perm]
@@ -127,26 +140,37 @@ class LengthBuckets:
     def attend(
         self, query: torch.Tensor, tail_mask: torch.Tensor | None, tail_len: int, scaling: float
     ) -> torch.Tensor:
-        """(S, Q, d) sorted queries over each segment's prefix and first ``tail_len`` tail entries.
+        """(S, Q, d) queries (original segment order) over each segment's prefix and first
+        ``tail_len`` tail entries, in the original order.
 
-        ``tail_mask`` is (S, Q, tail_len) bool (True = attend), sorted order, or ``None``.
+        ``tail_mask`` is (S, Q, tail_len) bool (True = attend), original order, or ``None``.
         """
         q = query[None]  # 4D: sdpa's fused CPU kernel takes (batch, heads, length, d) only
         outs = []
-        for bucket, (keys, values) in zip(self.buckets, self._views, strict=True):
+        for bucket, rows, (keys, values) in zip(self.buckets, self._rows, self._views, strict=True):
             n = int(bucket.keys.shape[0])
             total = bucket.length + tail_len
             mask = None
             if tail_mask is not None:
+                cols = tail_mask[rows] if isinstance(rows, slice) else tail_mask.index_select(0, rows)
                 prefix_cols = torch.ones(n, query.shape[1], bucket.length, dtype=torch.bool, device=query.device)
-                mask = torch.cat([prefix_cols, tail_mask[bucket.start : bucket.start + n]], dim=-1)[None]
-            q_b = q if self.single else q[:, bucket.start : bucket.start + n]
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q_b, keys[:, :, :total], values[:, :, :total], attn_mask=mask, scale=scaling
-                )
+                mask = torch.cat([prefix_cols, cols], dim=-1)[None]
+            q_b = q if self.single else (q[:, rows] if isinstance(rows, slice) else q.index_select(1, rows))
+            out = F.scaled_dot_product_attention(
+                q_b, keys[:, :, :total], values[:, :, :total], attn_mask=mask, scale=scaling
             )
-        return (outs[0] if self.single else torch.cat(outs, dim=1))[0]
+            outs.append(out[0])
+        if self.single:
+            return outs[0]
+        if self._order is not None:
+            return torch.cat([outs[i] for i in self._order])
+        result = query.new_empty(query.shape)
+        for rows, out in zip(self._rows, outs, strict=True):
+            if isinstance(rows, slice):
+                result[rows] = out
+            else:
+                result.index_copy_(0, rows, out)
+        return result
 
     def tiers(self) -> list[Tier]:
         """The prefix as staircase tiers (:func:`criticalkv.cache.tiers.build_prefix`'s layout):

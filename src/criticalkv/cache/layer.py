@@ -228,30 +228,26 @@ class CompressedLayer(CacheLayerMixin):
         b, h_q, q, d = query.shape
         h = self.num_kv_heads
         g = h_q // h
-        prefix = self.prefix
-        q_sorted = query.reshape(b * h, g * q, d)
-        if not prefix.identity:
-            q_sorted = q_sorted.index_select(0, prefix.perm)  # index_select: far cheaper than [perm]
-        t = self.tail_len
-        tail_mask = None
-        if t > 0:
-            tail_mask = self._tail_mask(attention_mask, b, g, q, t)
-            if tail_mask is not None and not prefix.identity:
-                tail_mask = tail_mask.index_select(0, prefix.perm)
-        if self.fused is not None:
-            out = self.fused.attend(q_sorted, tail_mask, t, scaling)
+        prefix, t = self.prefix, self.tail_len
+        q_flat = query.reshape(b * h, g * q, d)
+        tail_mask = self._tail_mask(attention_mask, b, g, q, t) if t > 0 else None
+        if self.fused is not None:  # the buckets read segment order themselves
+            out = self.fused.attend(q_flat, tail_mask, t, scaling)
         else:
             assert self.tail_keys is not None or t == 0
+            if not prefix.identity:  # index_select: far cheaper than [perm]
+                q_flat = q_flat.index_select(0, prefix.perm)
+                tail_mask = None if tail_mask is None else tail_mask.index_select(0, prefix.perm)
             out = ragged_attention(
-                q_sorted,
+                q_flat,
                 prefix.tiers,
                 None if self.tail_keys is None else self.tail_keys[:, :t],
                 None if self.tail_values is None else self.tail_values[:, :t],
                 tail_mask,
                 scaling,
             )
-        if not prefix.identity:
-            out = out.index_select(0, prefix.inv_perm)
+            if not prefix.identity:
+                out = out.index_select(0, prefix.inv_perm)
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
