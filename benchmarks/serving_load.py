@@ -1,11 +1,16 @@
 """Load generator for ``criticalkv serve``: sessions under a memory cap, aggregate tokens/s, TTFT.
 
 For each (method, budget) it starts ``criticalkv serve`` on 127.0.0.1 (the default model, a
-fixed ``--memory-cap``), stores one long document per client (POST /v1/contexts), then, for
-each N in ``--clients``, sends N chat requests at once (client i asks about document i, over
-HTTP) and times them: aggregate completion tokens per second over the burst's wall time. It
-also times the first token of a question on a stored context against one whose document comes
-in the prompt (compressed anew). One JSON line per measurement goes to ``--out``.
+fixed ``--memory-cap``; one server per configuration, all running side by side), stores
+``--documents`` long documents (POST /v1/contexts), then, for each N in ``--clients`` and each
+configuration in turn (interleaved, so both see the same load), sends N chat requests at once
+(client i asks about document i mod D, over HTTP) and times them: aggregate completion tokens
+per second over the burst's wall time. It also times the first token of a question on a stored
+context against one whose document comes in the prompt (compressed anew). One JSON line per
+measurement goes to ``--out`` as soon as it is taken.
+
+Resumable: with ``--store-root`` each configuration's contexts stay in a folder of their own,
+and a rerun with the same ``--out`` reuses them and skips the measurements already written.
 
     PYTHONPATH=src python benchmarks/serving_load.py --out docs/results/serving/load.jsonl
 """
@@ -90,6 +95,8 @@ def first_token(url: str, question: str, context_id: str | None, content: str = 
         body["context_id"] = context_id
     started = time.perf_counter()
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {response.read().decode()}")
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
@@ -129,44 +136,121 @@ def metric(url: str, name: str) -> float:
     raise KeyError(name)
 
 
-def measure(method: str, budget: float, port: int, args: argparse.Namespace, out: Any) -> None:
-    with tempfile.TemporaryDirectory(prefix="criticalkv-load-") as store:
-        server = start_server(port, Path(store), method, budget, args.memory_cap_mib, args)
-        url = f"http://127.0.0.1:{port}"
-        base = {"method": method, "budget": budget, "memory_cap_mib": args.memory_cap_mib, "window": args.window}
-        try:
-            docs = [document(i, args.words) for i in range(max(args.clients))]
-            ids, infos = [], []
-            for text, _ in docs:
-                started = time.perf_counter()
-                info = httpx.post(url + "/v1/contexts", json={"text": text}, timeout=3600).json()
-                info["create_s"] = time.perf_counter() - started
-                ids.append(info["id"])
-                infos.append(info)
-            kv = max(i["kv_bytes"] for i in infos)
-            cap = int(args.memory_cap_mib * 2**20)
-            record = {**base, "kind": "contexts", "tokens": [i["tokens"] for i in infos], "kv_bytes": kv,
-                      "sessions_fit": cap // kv, "create_s": [round(i["create_s"], 2) for i in infos]}  # fmt: skip
-            out.write(json.dumps(record) + "\n")
-            out.flush()
-            for n in args.clients:
-                for repeat in range(args.repeats):
-                    result = burst(url, ids[:n], [q for _, q in docs[:n]], args.max_tokens)
-                    result.update(base, kind="burst", clients=n, repeat=repeat)
-                    result["decode_rows_max"] = metric(url, "criticalkv_decode_rows_max")
-                    out.write(json.dumps(result) + "\n")
-                    out.flush()
-                    print(method, budget, n, repeat, round(result["tokens_per_s"], 2), flush=True)
+def done_keys(path: Path) -> set[tuple[Any, ...]]:
+    """The measurements ``path`` already holds (to skip on a rerun), with the contexts records."""
+    keys: set[tuple[Any, ...]] = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                keys.add((r["kind"], r["method"], r["budget"], r.get("words"), r.get("clients"), r.get("repeat")))
+    return keys
+
+
+def contexts_record(path: Path, method: str, budget: float) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = [r for r in records if r["kind"] == "contexts" and (r["method"], r["budget"]) == (method, budget)]
+    return found[-1] if found else None
+
+
+class Target:
+    """One configuration's server, its stored documents and the fields of its records."""
+
+    def __init__(self, method: str, budget: float, port: int, args: argparse.Namespace) -> None:
+        self.method, self.budget, self.args = method, budget, args
+        root = Path(args.store_root) if args.store_root else Path(tempfile.mkdtemp(prefix="criticalkv-load-"))
+        self.store = root / f"{method}-{budget}"
+        self.server = start_server(port, self.store, method, budget, args.memory_cap_mib, args)
+        self.url = f"http://127.0.0.1:{port}"
+        self.base = {"method": method, "budget": budget, "memory_cap_mib": args.memory_cap_mib,
+                     "window": args.window, "words": args.words}  # fmt: skip
+        self.docs = [document(i, args.words) for i in range(args.documents)]
+        self.ids: list[str] = []
+
+    def create(self, out: Any, lock: threading.Lock) -> None:
+        """Store the documents, or find them stored by an earlier run of the same ``--out``."""
+        old = contexts_record(self.args.out, self.method, self.budget)
+        ids = old["ids"] if old is not None and old.get("words") == self.args.words else []
+        if len(ids) == len(self.docs) and all(
+            httpx.get(f"{self.url}/v1/contexts/{i}", timeout=60).status_code == 200 for i in ids
+        ):
+            self.ids = ids
+            return
+        infos = []
+        for text, _ in self.docs:
+            started = time.perf_counter()
+            info = httpx.post(self.url + "/v1/contexts", json={"text": text}, timeout=7200).json()
+            info["create_s"] = time.perf_counter() - started
+            infos.append(info)
+            print(self.method, "context", len(infos), round(info["create_s"], 1), flush=True)
+        self.ids = [i["id"] for i in infos]
+        kv = max(i["kv_bytes"] for i in infos)
+        cap = int(self.args.memory_cap_mib * 2**20)
+        record = {**self.base, "kind": "contexts", "tokens": [i["tokens"] for i in infos], "kv_bytes": kv,
+                  "sessions_fit": cap // kv, "create_s": [round(i["create_s"], 2) for i in infos],
+                  "ids": self.ids}  # fmt: skip
+        write(out, lock, record)
+
+    def burst(self, n: int, repeat: int, out: Any, lock: threading.Lock) -> None:
+        picks = [i % len(self.docs) for i in range(n)]
+        before = {k: metric(self.url, k) for k in TTFT_KEYS}
+        result = burst(self.url, [self.ids[i] for i in picks], [self.docs[i][1] for i in picks], self.args.max_tokens)
+        after = {k: metric(self.url, k) for k in TTFT_KEYS}
+        count = after[TTFT_KEYS[1]] - before[TTFT_KEYS[1]]
+        result.update(self.base, kind="burst", clients=n, repeat=repeat, documents=len(self.docs))
+        result["ttft_mean_s"] = (after[TTFT_KEYS[0]] - before[TTFT_KEYS[0]]) / count if count else None
+        for name in ("decode_rows_max", "start_rows_max"):
+            result[name] = metric(self.url, f"criticalkv_{name}")
+        write(out, lock, result)
+        print(self.method, self.budget, n, repeat, round(result["tokens_per_s"], 3), flush=True)
+
+    def ttft(self, repeat: int, out: Any, lock: threading.Lock) -> None:
+        text, question = self.docs[0]
+        stored = first_token(self.url, question, self.ids[0])
+        fresh = first_token(self.url, question, None, content=text + "\n\n")
+        write(out, lock, {**self.base, "kind": "ttft", "repeat": repeat, "stored_s": stored, "compress_anew_s": fresh})
+
+    def stop(self) -> None:
+        self.server.terminate()
+        self.server.wait(timeout=60)
+
+
+TTFT_KEYS = ("criticalkv_time_to_first_token_seconds_sum", "criticalkv_time_to_first_token_seconds_count")
+
+
+def write(out: Any, lock: threading.Lock, record: dict[str, Any]) -> None:
+    with lock:
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+
+
+def measure(args: argparse.Namespace, out: Any) -> None:
+    """Every configuration's server side by side; contexts created concurrently, then each
+    measurement for every configuration in turn."""
+    lock = threading.Lock()
+    configs = [(m, float(b)) for m, b in (c.split(":") for c in args.configs.split(","))]
+    targets = [Target(m, b, args.port + k, args) for k, (m, b) in enumerate(configs)]
+    try:
+        threads = [threading.Thread(target=t.create, args=(out, lock)) for t in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        done = done_keys(args.out)
+        for n in args.clients:
             for repeat in range(args.repeats):
-                text, question = docs[0]
-                stored = first_token(url, question, ids[0])
-                fresh = first_token(url, question, None, content=text + "\n\n")
-                record = {**base, "kind": "ttft", "repeat": repeat, "stored_s": stored, "compress_anew_s": fresh}
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+                for t in targets:
+                    if ("burst", t.method, t.budget, args.words, n, repeat) not in done:
+                        t.burst(n, repeat, out, lock)
+        for repeat in range(args.ttft_repeats):
+            for t in targets:
+                if ("ttft", t.method, t.budget, args.words, None, repeat) not in done:
+                    t.ttft(repeat, out, lock)
+    finally:
+        for t in targets:
+            t.stop()
 
 
 def report(path: Path) -> str:
@@ -178,16 +262,18 @@ def report(path: Path) -> str:
         lines.append(f"| {r['method']} | {r['budget']} | {r['tokens']} | {r['kv_bytes']:,} | {r['sessions_fit']} | "
                      f"{r['create_s']} |")  # fmt: skip
     lines += ["", "| method | budget | N clients | aggregate tokens/s (each repeat) | median | burst wall s | "
-              "tokens | most rows in one step (server so far) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "tokens | mean TTFT s | most rows in one step / one start (server so far) |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     bursts = [r for r in records if r["kind"] == "burst"]
     for key in sorted({(r["method"], r["budget"], r["clients"]) for r in bursts}, key=lambda k: (k[2], -k[1])):
         rs = [r for r in bursts if (r["method"], r["budget"], r["clients"]) == key]
         rates = sorted(r["tokens_per_s"] for r in rs)
         walls = ", ".join(f"{r['wall_s']:.1f}" for r in rs)
         each = ", ".join(f"{x:.3f}" for x in rates)
-        rows = int(rs[-1]["decode_rows_max"])
+        rows = f"{int(rs[-1]['decode_rows_max'])} / {int(rs[-1].get('start_rows_max', 1))}"
+        ttft = ", ".join(f"{r['ttft_mean_s']:.1f}" for r in rs if r.get("ttft_mean_s") is not None) or "-"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {each} | {statistics.median(rates):.3f} | {walls} | "
-                     f"{rs[0]['tokens']} | {rows} |")  # fmt: skip
+                     f"{rs[0]['tokens']} | {ttft} | {rows} |")  # fmt: skip
     lines += ["", "| method | budget | first token, stored context (s) | first token, compressed anew (s) |",
               "|---|---|---|---|"]  # fmt: skip
     for r in (r for r in records if r["kind"] == "ttft"):
@@ -207,16 +293,19 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=int, default=8765, help="the first configuration's; the next ones follow")
+    parser.add_argument("--documents", type=int, default=None, help="distinct documents (default: the most clients)")
+    parser.add_argument("--ttft-repeats", type=int, default=1)
+    parser.add_argument("--store-root", default=None, help="keep the stores here (a rerun reuses them)")
     args = parser.parse_args()
     if args.report:
         print(report(args.out))
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.documents is None:
+        args.documents = max(args.clients)
     with args.out.open("a") as out:
-        for config in args.configs.split(","):
-            method, budget = config.split(":")
-            measure(method, float(budget), args.port, args, out)
+        measure(args, out)
 
 
 if __name__ == "__main__":

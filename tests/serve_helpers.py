@@ -90,3 +90,20 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+def row_gauges(text: str) -> list[float]:
+    """The per-row ``criticalkv_row_kv_bytes{row=...,context=...}`` values of a scrape."""
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith("criticalkv_row_kv_bytes{")]
+
+
+def check_row_memory(text: str) -> tuple[int, float]:
+    """One scrape's row memory, checked: the rows' own bytes plus their stored contexts' add up
+    to ``criticalkv_rows_kv_bytes``, which stays within the cap. Returns (rows, their bytes)."""
+    rows = row_gauges(text)
+    total = metric(text, "criticalkv_rows_kv_bytes")
+    assert sum(rows) + metric(text, "criticalkv_rows_context_kv_bytes") == total
+    assert all(n > 0 for n in rows)  # every decode row holds a tail of its own
+    assert total <= metric(text, "criticalkv_memory_cap_bytes"), text
+    assert metric(text, "criticalkv_context_bytes_in_memory") <= metric(text, "criticalkv_memory_cap_bytes")
+    return len(rows), total

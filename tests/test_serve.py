@@ -20,7 +20,16 @@ from criticalkv.compat import cache_argument
 from criticalkv.runtime import decode_answers, eos_ids
 from criticalkv.serve import Engine, check_binding
 from tests.conftest import make_tiny
-from tests.serve_helpers import BUDGET, MAX_NEW, WINDOW, document, live_server, metric, server_config
+from tests.serve_helpers import (
+    BUDGET,
+    MAX_NEW,
+    WINDOW,
+    check_row_memory,
+    document,
+    live_server,
+    metric,
+    server_config,
+)
 from tests.tiny_tokenizer import char_tokenizer
 
 QUESTIONS = ["What is the key?", "Which word comes first?", "Name a value."]
@@ -217,8 +226,13 @@ def test_binding_beyond_localhost_needs_a_key() -> None:
 
 
 @pytest.mark.slow
-def test_concurrent_clients_each_get_one_complete_answer(server, reference) -> None:
-    url, engine = server
+def test_concurrent_clients_each_get_one_complete_answer(tmp_path: Path, reference) -> None:
+    # a cap of about five contexts: some spill, and several rows (each context plus its tail) fit
+    with live_server(server_config(tmp_path, memory_cap_bytes=400_000)) as running:
+        bounded_load(*running, reference)
+
+
+def bounded_load(url: str, engine: Engine, reference) -> None:
     shared = [document(10 + i) for i in range(3)]
     shared_ids = [create(url, text)["id"] for text in shared]
     cap = engine.config.memory_cap_bytes
@@ -227,6 +241,7 @@ def test_concurrent_clients_each_get_one_complete_answer(server, reference) -> N
     texts = {**dict(enumerate(shared)), **{3 + i: document(100 + i) for i in range(12)}}
     want = {(k, q): expected(reference, texts[k], q) for k, q, _ in jobs}
     scrapes: list[tuple[float, float]] = []
+    texts_seen: list[str] = []
     stop = threading.Event()
 
     def scrape() -> None:
@@ -235,6 +250,7 @@ def test_concurrent_clients_each_get_one_complete_answer(server, reference) -> N
             scrapes.append(
                 (metric(text, "criticalkv_context_bytes_in_memory"), metric(text, "criticalkv_memory_cap_bytes"))
             )
+            texts_seen.append(text)
             time.sleep(0.01)
 
     def run(job: tuple[int, str, bool]) -> tuple[tuple[int, str], str]:
@@ -252,6 +268,8 @@ def test_concurrent_clients_each_get_one_complete_answer(server, reference) -> N
     for key, answer in answers:
         assert answer == want[key], key
     assert scrapes and all(held <= cap_seen == cap for held, cap_seen in scrapes)
+    rows_seen = [check_row_memory(text)[0] for text in texts_seen]  # the rows' bytes add up, within the cap
+    assert max(rows_seen) >= 2  # the scrapes saw several rows decoding at once
     stats = engine.store.stats()
     assert stats["on_disk"] > stats["in_memory"]  # the cap made some contexts spill ...
     assert stats["bytes_total"] > cap  # ... and they came back on demand for the answers above

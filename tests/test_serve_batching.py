@@ -13,7 +13,7 @@ import pytest
 from criticalkv import attach
 from criticalkv.serve import Engine
 from tests.conftest import make_tiny
-from tests.serve_helpers import MAX_NEW, document, live_server, metric, server_config
+from tests.serve_helpers import MAX_NEW, check_row_memory, document, live_server, metric, server_config
 from tests.test_serve import QUESTIONS, ask, create, expected
 from tests.tiny_tokenizer import char_tokenizer
 
@@ -83,6 +83,42 @@ def test_requests_that_arrive_together_decode_together(server: tuple[str, Engine
             break
         time.sleep(0.02)
     assert engine.active() == 0 and engine._admitted == 0
+
+
+def test_answers_that_arrive_together_start_in_one_forward(server: tuple[str, Engine], reference: object) -> None:
+    """Batched starts on a live server: the questions of requests admitted in the same step are
+    appended together (different contexts and question lengths), the answers still equal
+    ``criticalkv.generate``, and at every scrape the per-row gauges add up within the cap."""
+    url, engine = server
+    texts = [document(80 + i, 120 + 40 * i) for i in range(3)]
+    ids = [create(url, text)["id"] for text in texts]
+    jobs = [(i % 3, QUESTIONS[(i + i // 3) % len(QUESTIONS)], i % 2 == 1) for i in range(6)]
+    want = {(k, q): expected(reference, texts[k], q) for k, q, _ in jobs}
+    texts: list[str] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            texts.append(httpx.get(url + "/metrics").text)
+            time.sleep(0.005)
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    engine.metrics.start_rows_max = 0
+    try:
+        for _ in range(4):  # bounded: until the arrivals of one burst started together
+            answers = burst(url, ids, jobs, leaver=False)
+            assert answers == {n: want[k, q] for n, (k, q, _) in enumerate(jobs)}
+            if engine.metrics.start_rows_max >= 2:
+                break
+    finally:
+        stop.set()
+        scraper.join()
+    scrapes = [check_row_memory(text) for text in texts]
+    assert engine.metrics.start_rows_max >= 2  # several questions were appended in one forward
+    assert engine.metrics.start_rows_max <= MAX_BATCH
+    assert scrapes and max(n for n, _ in scrapes) <= MAX_BATCH
+    assert any(n >= 1 for n, _ in scrapes)  # the scrapes saw rows being decoded
 
 
 def test_rows_that_do_not_fit_the_memory_cap_wait(server: tuple[str, Engine], reference: object) -> None:

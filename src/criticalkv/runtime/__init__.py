@@ -7,7 +7,8 @@
 * :mod:`~criticalkv.runtime.reconstruction` runs KVzip's context-reconstruction pass for methods
   that declare ``needs.reconstruction``;
 * :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`);
-* :mod:`~criticalkv.runtime.rows` decodes separate caches as the rows of one batch (:func:`decode_rows`).
+* :mod:`~criticalkv.runtime.rows` decodes separate caches as the rows of one batch (:func:`decode_rows`;
+  :func:`append_rows` appends several tokens per row, the batched start).
 """
 
 from criticalkv.runtime.attach import attach
@@ -25,7 +26,7 @@ from criticalkv.runtime.forward import (
 from criticalkv.runtime.generate import DEFAULT_WINDOWS, MODES, GenerationResult, Mode, check_mode, generate
 from criticalkv.runtime.limits import check_positions, position_limit
 from criticalkv.runtime.reconstruction import RepeatPrompt, reconstruct, repeat_prompt
-from criticalkv.runtime.rows import decode_rows
+from criticalkv.runtime.rows import append_rows, decode_rows
 
 __all__ = [
     "DEFAULT_WINDOWS",
@@ -33,6 +34,7 @@ __all__ = [
     "GenerationResult",
     "Mode",
     "RepeatPrompt",
+    "append_rows",
     "append_tokens",
     "attach",
     "capture_prefill",

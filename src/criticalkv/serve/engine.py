@@ -3,7 +3,10 @@
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
 a worker thread, so the event loop never waits on the model. The worker batches continuously:
 between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
-being decoded (compressing a context, or a question's fork, prefill and first token), drops
+being decoded (compressing a context, a prompt's prefill and first token, or a fork of a stored
+context: the questions of every answer on a stored context that starts in the same step are
+appended in one batched forward, :func:`criticalkv.runtime.append_rows`, which gives their
+first tokens), drops
 the answers that finished or whose client went away (freeing their forks), and then advances
 every remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
 the rows may come from different contexts, lengths, methods and budgets, and each decodes
@@ -13,11 +16,13 @@ exactly as it would alone. A long answer does not hold back the first token of a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +31,11 @@ import torch
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.methods import bind, get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import attach, decode_rows, eos_ids, input_device, prefill_into
+from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, input_device, prefill_into
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
+from criticalkv.serve.row_memory import held_bytes, tail_reserve, token_bytes
 from criticalkv.serve.session import Channel, ChatWork, Session
 from criticalkv.serve.store import ContextStore
 
@@ -38,6 +44,16 @@ logger = logging.getLogger(__name__)
 #: a question stands in for the one a stored context will get (its prefix does not depend on it)
 _ANY_QUESTION = "?"
 _ANY_CONTEXT = "."
+
+
+@dataclass(frozen=True)
+class Job:
+    """Queued work: what it will hold in memory once it decodes, and the work itself."""
+
+    run: Callable[[], Session | None]
+    context_id: str | None = None  # the stored context it reads (shared by the rows that read it)
+    context_bytes: int = 0
+    reserve: int = 0  # the most KV bytes of its own the answer may hold (its tail, or its prompt)
 
 
 class Engine:
@@ -55,9 +71,9 @@ class Engine:
         self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
         self.metrics = Metrics()
         self.max_positions = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
-        #: (bytes of the stored context it will read, 0 if none; the job), in arrival order
-        self._jobs: queue.Queue[tuple[int, Callable[[], Session | None]]] = queue.Queue()
-        self._waiting: tuple[int, Callable[[], Session | None]] | None = None  # next, until its row fits
+        self.token_bytes = token_bytes(model)
+        self._jobs: queue.Queue[Job] = queue.Queue()  # in arrival order
+        self._waiting: Job | None = None  # the next job, until its row fits
         self._admitted = 0
         self._admit_lock = threading.Lock()
         self._active: list[Session] = []
@@ -129,7 +145,7 @@ class Engine:
             finally:
                 self._release()
 
-        self._submit(job, channel, 0)
+        self._submit(Job(job), channel)
 
     def submit_chat(self, work: ChatWork, channel: Channel) -> None:
         """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -150,12 +166,16 @@ class Engine:
         if work.context_id is not None:
             with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
                 context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
-        self._submit(job, channel, context_bytes)
+        reserve = tail_reserve(self.token_bytes, len(work.prompt_ids) + work.max_tokens)
+        self._submit(Job(job, work.context_id, context_bytes, reserve), channel)
 
-    def _submit(self, job: Callable[[], Session | None], channel: Channel, context_bytes: int) -> None:
+    def _submit(self, job: Job, channel: Channel) -> None:
         def guarded() -> Session | None:
             try:
-                return job()
+                session = job.run()
+                if session is not None:
+                    session.reserve = job.reserve
+                return session
             except APIError as error:
                 channel.put("error", error)
             except Exception as error:
@@ -163,7 +183,7 @@ class Engine:
                 channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
             return None
 
-        self._jobs.put((context_bytes, guarded))
+        self._jobs.put(dataclasses.replace(job, run=guarded))
 
     @torch.no_grad()
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
@@ -184,41 +204,63 @@ class Engine:
 
     def _start_arrivals(self) -> None:
         """Run queued jobs in order while fewer than ``max_batch`` answers decode and the next
-        one's context fits in the memory cap beside theirs (waiting briefly when idle)."""
-        while len(self._active) < self.config.max_batch:
+        one fits in the memory cap beside them (waiting briefly when idle), then start the
+        answers on stored contexts together (:meth:`_start_rows`)."""
+        starting: list[Session] = []
+        while len(self._active) + len(starting) < self.config.max_batch:
             if self._waiting is None:
                 try:
-                    self._waiting = self._jobs.get(timeout=0.05) if not self._active else self._jobs.get_nowait()
+                    idle = not self._active and not starting
+                    self._waiting = self._jobs.get(timeout=0.05) if idle else self._jobs.get_nowait()
                 except queue.Empty:
-                    return
-            context_bytes, job = self._waiting
-            if self._active and self.rows_bytes() + context_bytes > self.config.memory_cap_bytes:
-                return  # it starts once rows that hold memory have left
+                    break
+            job, rows = self._waiting, [*self._active, *starting]
+            if rows and not self._fits(job, rows):
+                break  # it starts once rows that hold memory have left
             self._waiting = None
-            session = job()
+            session = job.run()
             if session is not None:
-                self._active.append(session)
+                (starting if session.starting() else self._active).append(session)
+        if starting:
+            self._start_rows(starting)
+        self.metrics.rows(self._active, self.rows_bytes())
 
-    def rows_bytes(self) -> int:
-        """KV bytes the answers being decoded hold: each stored context they read once, plus
-        every row's own tail (or its whole cache, for a prompt compressed for the request)."""
-        contexts: dict[str, int] = {}
-        own = 0
-        for session in self._active:
-            if session.cache is None:
-                continue
-            held = session.cache.kv_bytes()
-            if session.work.context_id is not None:
-                contexts[session.work.context_id] = session.context_bytes
-                held -= session.context_bytes
-            own += held
-        return own + sum(contexts.values())
+    def _fits(self, job: Job, rows: Sequence[Session]) -> bool:
+        """Whether ``job``'s stored context (unless a row reads it already) and its reserve fit
+        in the memory cap beside what ``rows`` may hold."""
+        readers = [s for s in rows if s.cache is not None]  # a finished row has let go of its context
+        shared = job.context_id is not None and any(s.work.context_id == job.context_id for s in readers)
+        adds = job.reserve + (0 if shared else job.context_bytes)
+        return self.rows_bytes(rows, reserved=True) + adds <= self.config.memory_cap_bytes
+
+    def _start_rows(self, sessions: list[Session]) -> None:
+        """Append the questions of ``sessions`` (forks of stored contexts) in one forward: each
+        row's first token; they then decode with the others."""
+        try:
+            logits = append_rows(self.model, [s.cache for s in sessions], [s.question or [] for s in sessions])  # type: ignore[misc]
+        except Exception as error:
+            logger.exception("starting %d answers failed", len(sessions))
+            for session in sessions:
+                session.channel.put("error", APIError(500, f"starting the answer failed: {error}", type="server_error"))
+                session.done = True
+        else:
+            self.metrics.start_step(len(sessions))
+            for session, row in zip(sessions, logits, strict=True):
+                session.first(row)
+        self._active.extend(sessions)  # the finished ones leave at once (_drop_finished)
+
+    def rows_bytes(self, rows: Sequence[Session] | None = None, reserved: bool = False) -> int:
+        """KV bytes the answers being decoded (or ``rows``) hold (:func:`held_bytes`)."""
+        return held_bytes(self._active if rows is None else rows, reserved)
 
     def _drop_finished(self) -> None:
-        for session in [s for s in self._active if not s.pending()]:
+        finished = [s for s in self._active if not s.pending()]
+        for session in finished:
             self._active.remove(session)
             session.cache = None
             self._release()
+        if finished:
+            self.metrics.rows(self._active, self.rows_bytes())
 
     def _decode_step(self) -> None:
         """One token for every active answer, in one batched forward."""
@@ -235,3 +277,4 @@ class Engine:
         self.metrics.decode_step(len(rows))
         for session, row in zip(rows, logits, strict=True):
             session.advance(row)
+        self.metrics.rows(self._active, self.rows_bytes())

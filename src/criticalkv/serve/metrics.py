@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 #: tokens per second are measured over this many recent seconds
 RATE_WINDOW_S = 30.0
@@ -25,6 +27,11 @@ class Metrics:
         self.decode_rows_total = 0
         self.decode_rows_max = 0
         self.decode_rows_last = 0
+        self.start_steps_total = 0
+        self.start_rows_total = 0
+        self.start_rows_max = 0
+        self.row_bytes: list[tuple[str, int]] = []  # (stored context or "", own KV bytes) per decode row
+        self.rows_bytes = 0  # the rows' own bytes plus each stored context they read, once
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
 
     def token(self, count: int = 1) -> None:
@@ -41,6 +48,20 @@ class Metrics:
             self.decode_rows_total += rows
             self.decode_rows_max = max(self.decode_rows_max, rows)
             self.decode_rows_last = rows
+
+    def start_step(self, rows: int) -> None:
+        """One batched start: the questions of ``rows`` answers appended in one forward."""
+        with self._lock:
+            self.start_steps_total += 1
+            self.start_rows_total += rows
+            self.start_rows_max = max(self.start_rows_max, rows)
+
+    def rows(self, sessions: Sequence[Any], total: int) -> None:
+        """What the decode rows hold now: each row's own KV bytes, and ``total`` (with the stored
+        contexts they read, each once); the worker publishes it after every change."""
+        held = [(s.work.context_id or "", s.own_bytes()) for s in sessions if s.cache is not None]
+        with self._lock:
+            self.row_bytes, self.rows_bytes = held, total
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -84,6 +105,26 @@ class Metrics:
                 ("criticalkv_decode_rows_total", "counter", "rows over all decode steps", self.decode_rows_total),
                 ("criticalkv_decode_rows_max", "gauge", "the most rows one decode step held", self.decode_rows_max),
                 ("criticalkv_decode_rows_last", "gauge", "rows of the last decode step", self.decode_rows_last),
+                (
+                    "criticalkv_start_steps_total",
+                    "counter",
+                    "batched question appends",
+                    self.start_steps_total,
+                ),
+                ("criticalkv_start_rows_total", "counter", "answers over all batched starts", self.start_rows_total),
+                ("criticalkv_start_rows_max", "gauge", "the most answers one batched start held", self.start_rows_max),
+                (
+                    "criticalkv_rows_kv_bytes",
+                    "gauge",
+                    "KV bytes the decode rows hold (their own plus each stored context they read, once)",
+                    self.rows_bytes,
+                ),
+                (
+                    "criticalkv_rows_context_kv_bytes",
+                    "gauge",
+                    "KV bytes of the stored contexts the decode rows read, each once",
+                    self.rows_bytes - sum(n for _, n in self.row_bytes),
+                ),
                 ("criticalkv_generated_tokens_total", "counter", "tokens generated", self.tokens_total),
                 (
                     "criticalkv_tokens_per_second",
@@ -103,6 +144,12 @@ class Metrics:
             lines = []
             for name, kind, help_text, value in rows:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            name = "criticalkv_row_kv_bytes"
+            lines += [
+                f"# HELP {name} KV bytes each decode row holds of its own (its fork's tail)",
+                f"# TYPE {name} gauge",
+            ]
+            lines += [f'{name}{{row="{r}",context="{c}"}} {n}' for r, (c, n) in enumerate(self.row_bytes)]
             name = "criticalkv_time_to_first_token_seconds"
             lines += [
                 f"# HELP {name} time from admission to the first token",

@@ -12,7 +12,7 @@ import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.methods import bind, get_method
-from criticalkv.runtime import append_tokens, input_device, prefill_into
+from criticalkv.runtime import input_device, prefill_into
 
 
 class Channel:
@@ -66,8 +66,9 @@ class IncrementalText:
 
 
 class Session:
-    """Greedy decoding of one :class:`ChatWork`: :meth:`start` alone, then one token per batched
-    decode step the engine runs over every pending session (:meth:`advance`)."""
+    """Greedy decoding of one :class:`ChatWork`: :meth:`start` (and, on a stored context, the
+    engine's batched start of every answer that starts in the same step, :meth:`first`), then one
+    token per batched decode step the engine runs over every pending session (:meth:`advance`)."""
 
     def __init__(self, engine: Any, work: ChatWork, channel: Channel) -> None:
         self.engine, self.work, self.channel = engine, work, channel
@@ -77,26 +78,39 @@ class Session:
         self.cache: CompressedCache | None = None
         self.next_token: int | None = None
         self.context_bytes = 0  # KV bytes of the stored context the cache forks (shared with others)
+        self.question: list[int] | None = None  # to append to the fork, until the answer starts
+        self.reserve = 0  # the most KV bytes of its own the answer may hold (set by the engine)
 
     def start(self) -> None:
-        """Build the request's cache (a fork of its stored context, or a compressed prompt) and
-        predict the first token."""
+        """Build the request's cache: a fork of its stored context (its question is appended with
+        those of the other answers that start in the same step, :meth:`first` takes the logits),
+        or a compressed prompt and its first token."""
         model, work = self.engine.model, self.work
-        device = input_device(model)
-        ids = torch.tensor([work.prompt_ids], dtype=torch.long, device=device)
         if work.context_id is not None:
-            entry, stored = self.engine.store.get(work.context_id)
+            _, stored = self.engine.store.get(work.context_id)
             self.cache = stored.fork()
             self.context_bytes = stored.kv_bytes()
-            out, _ = append_tokens(model, self.cache, torch.ones(1, entry.tokens, dtype=torch.long, device=device), ids)
-            logits = out.logits[:, -1]
-        else:
-            method = bind(get_method(work.method), model)
-            window = min(work.window, ids.shape[1])  # a prompt within the window is kept whole
-            self.cache = CompressedCache(model.config.num_hidden_layers, method, work.budget, window=window)
-            logits = prefill_into(model, self.cache, ids, torch.ones_like(ids))
-        self.engine.metrics.first_token(time.perf_counter() - work.admitted_at)
-        self._emit(int(logits[0].argmax()))
+            self.question = work.prompt_ids
+            return
+        ids = torch.tensor([work.prompt_ids], dtype=torch.long, device=input_device(model))
+        method = bind(get_method(work.method), model)
+        window = min(work.window, ids.shape[1])  # a prompt within the window is kept whole
+        self.cache = CompressedCache(model.config.num_hidden_layers, method, work.budget, window=window)
+        self.first(prefill_into(model, self.cache, ids, torch.ones_like(ids))[0])
+
+    def starting(self) -> bool:
+        """Whether the question still has to be appended to the fork (a batched start)."""
+        return self.question is not None
+
+    def first(self, logits: torch.Tensor) -> None:
+        """Take the (V,) logits that follow the prompt: the first token."""
+        self.question = None
+        self.engine.metrics.first_token(time.perf_counter() - self.work.admitted_at)
+        self._emit(int(logits.argmax()))
+
+    def own_bytes(self) -> int:
+        """KV bytes this answer's cache holds of its own (beyond the stored context it shares)."""
+        return 0 if self.cache is None else self.cache.kv_bytes() - self.context_bytes
 
     def pending(self) -> bool:
         """Whether the session waits for a decode step (a token to feed, its client still there)."""
