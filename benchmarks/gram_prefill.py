@@ -113,12 +113,14 @@ def overhead(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[
     rows: list[dict[str, Any]] = []
     for length in args.lengths:
         ids = bench_prompts(tokenizer, length, 1)
+        start = time.perf_counter()
         states, _ = capture_prefill(model, ids, torch.ones_like(ids), window=WINDOW)
+        capture_s = time.perf_counter() - start
         budget = resolve_budget(args.budget, states[0].lengths, WINDOW)
         ttfts: dict[str, list[float]] = {base: [] for base in args.bases}
         inflight: dict[str, list[float]] = {base: [] for base in args.bases}
         times: dict[str, list[float]] = {label: [] for label in methods}
-        norms: dict[str, list[float]] = {label: [] for label in methods if "/" in label}
+        norms: dict[str, list[float]] = {label: [] for label in methods if label.endswith("/L2-gram")}
         _selection_seconds(methods[f"{args.bases[0]}/L2-gram"], states, budget)  # warm up
         for round_ in range(max(args.repeats, args.prefills)):
             for base in args.bases if round_ < args.prefills else []:
@@ -140,6 +142,7 @@ def overhead(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[
                     "variant": label,
                     "base_ttft_s": base_ttft,
                     "base_ttft_all_s": ttfts[base],
+                    "capture_prefill_s": capture_s,
                     "base_compress_in_flight_s": min(inflight[base]),
                     "base_select_s": base_select,
                     "variant_select_s": mine,
@@ -149,14 +152,14 @@ def overhead(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[
                     "extra_paired_median_s": statistics.median(
                         a - b for a, b in zip(times[f"{base}/{label}"], times[base], strict=True)
                     ),
-                    "variant_norms_s": min(norms[f"{base}/{label}"]),
+                    "variant_norms_s": min(norms.get(f"{base}/{label}", [float("nan")])),
                     "extra_share_of_base_ttft": (mine - base_select) / base_ttft,
                     "threads": torch.get_num_threads(),
                 }
                 rows.append(row)
                 print(
                     f"T={length} {base}+{label}: base TTFT {base_ttft:.2f} s, selection {base_select:.3f} s -> "
-                    f"{mine:.3f} s (norms {row['variant_norms_s']:.3f} s), extra {row['extra_s']:.3f} s = "
+                    f"{mine:.3f} s (norms alone {row['variant_norms_s']:.3f} s), extra {row['extra_s']:.3f} s = "
                     f"{row['extra_share_of_base_ttft']:+.2%} of TTFT",
                     flush=True,
                 )
@@ -174,9 +177,11 @@ def _stage2(method: Method, state: LayerState, budget: torch.Tensor, keep: torch
 
 
 def overlap(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per prompt, layer and base: the overlap rows; each prompt's are appended to ``overlap.jsonl`` when done."""
     rows: list[dict[str, Any]] = []
     for length in args.lengths:
         for task in OVERLAP_TASKS[: args.prompts]:
+            done = len(rows)
             sample = make_sample(task, tokenizer, length, 0)
             context, question = encode_sample(tokenizer, sample)
             ids = torch.tensor([context + question])
@@ -203,8 +208,15 @@ def overlap(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[s
                             "same_size": bool(torch.equal(a.sum(-1), b.sum(-1))),
                         }
                     )
+            _append(args.out / "overlap.jsonl", rows[done:])
             print(f"T={length} {task}: {ids.shape[1]} tokens done", flush=True)
     return rows
+
+
+def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
 
 def overlap_table(rows: list[dict[str, Any]]) -> str:
@@ -239,15 +251,14 @@ def main() -> None:
         parser.error(f"--bases: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
     model, tokenizer = load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = overhead(model, tokenizer, args) if args.what == "overhead" else overlap(model, tokenizer, args)
-    path = args.out / f"{args.what}.jsonl"
-    with path.open("a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    if args.what == "overlap":
-        table = overlap_table(rows)
-        (args.out / "overlap-table.txt").write_text(table + "\n", encoding="utf-8")
-        print(table)
+    if args.what == "overhead":
+        _append(args.out / "overhead.jsonl", overhead(model, tokenizer, args))
+        return
+    overlap(model, tokenizer, args)
+    lines = (args.out / "overlap.jsonl").read_text(encoding="utf-8").splitlines()
+    table = overlap_table([json.loads(line) for line in lines if line.strip()])
+    (args.out / "overlap-table.txt").write_text(table + "\n", encoding="utf-8")
+    print(table)
 
 
 if __name__ == "__main__":
