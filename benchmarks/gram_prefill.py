@@ -176,11 +176,18 @@ def _stage2(method: Method, state: LayerState, budget: torch.Tensor, keep: torch
     return keep & state.eligible & ~stage1
 
 
+@torch.no_grad()
 def overlap(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Per prompt, layer and base: the overlap rows; each prompt's are appended to ``overlap.jsonl`` when done."""
+    """Per prompt, layer and base: the overlap rows; each prompt's are appended to ``overlap.jsonl``
+    when done, and a rerun skips the (length, task) pairs already there."""
+    path = args.out / "overlap.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    finished = {(r["length"], r["task"]) for r in map(json.loads, filter(None, lines))}
     rows: list[dict[str, Any]] = []
     for length in args.lengths:
         for task in OVERLAP_TASKS[: args.prompts]:
+            if (length, task) in finished:
+                continue
             done = len(rows)
             sample = make_sample(task, tokenizer, length, 0)
             context, question = encode_sample(tokenizer, sample)
@@ -208,7 +215,7 @@ def overlap(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[dict[s
                             "same_size": bool(torch.equal(a.sum(-1), b.sum(-1))),
                         }
                     )
-            _append(args.out / "overlap.jsonl", rows[done:])
+            _append(path, rows[done:])
             print(f"T={length} {task}: {ids.shape[1]} tokens done", flush=True)
     return rows
 

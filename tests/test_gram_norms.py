@@ -99,3 +99,16 @@ def test_eval_refuses_gram_without_the_l2_norm(tiny_folder: Path, capsys: pytest
         main([*args, "--methods", "critical-adakv:gram=true"])
     assert exit_info.value.code == 2
     assert "pass p=2" in capsys.readouterr().err
+
+
+def test_value_norms_build_no_autograd_graph() -> None:
+    """A model's ``o_proj`` weight requires grad; the norms must not keep a graph through it (it
+    would hold every projected chunk of every layer while the states live)."""
+    state = random_state(0, lengths=[12], num_kv_heads=2, group=2, head_dim=4, window=2)
+    weight = o_proj_weight(state).clone().requires_grad_(True)
+    for norms in (
+        projected_value_norms(state.values, weight, p=1),
+        projected_value_norms(state.values, weight, p=2),
+        gram_value_norms(state.values, weight),
+    ):
+        assert not norms.requires_grad and norms.grad_fn is None
