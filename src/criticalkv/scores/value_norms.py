@@ -64,6 +64,7 @@ def _projection_shape(values: torch.Tensor, o_proj_weight: torch.Tensor) -> tupl
     return int(o_proj_weight.shape[0]), h_q // h_kv
 
 
+@torch.no_grad()
 def projected_value_norms(
     values: torch.Tensor,
     o_proj_weight: torch.Tensor,
@@ -88,7 +89,8 @@ def projected_value_norms(
 
     Returns
     -------
-    (B, H_kv, T) float32.
+    (B, H_kv, T) float32, computed without autograd: a selection criterion is never
+    differentiated, and a graph through ``o_proj``'s weight would hold every projected chunk.
     """
     if p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, not {p}")
@@ -115,6 +117,7 @@ def projected_value_norms(
     return out
 
 
+@torch.no_grad()
 def gram_value_norms(values: torch.Tensor, o_proj_weight: torch.Tensor, *, precision: str = "exact") -> torch.Tensor:
     """``||V_i W_O^h||_2`` as ``sqrt(V_i^T (W_O^h W_O^h^T) V_i)``, GQA group mean: the same L2 norm as
     :func:`projected_value_norms` with ``p=2``, through a d x d Gram matrix per query head instead of
@@ -135,6 +138,7 @@ def gram_value_norms(values: torch.Tensor, o_proj_weight: torch.Tensor, *, preci
     return out / g
 
 
+@torch.no_grad()
 def plain_value_norms(values: torch.Tensor, *, p: int = 1) -> torch.Tensor:
     """``||V_i||_p`` per KV head, without the output projection: the ablation of CriticalKV's
     ``W_O`` (the bound of Feng et al. 2025, Eq. 7, with ``W_O`` taken as the identity).
