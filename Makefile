@@ -60,7 +60,7 @@ reproduce: $(STAMP)
 	$(CKV) perturbation --model default --methods snapkv,adakv --budgets 0.1,0.2,0.4 --samples 12 \
 	    --length 2048 --window 32 --out docs/results/perturbation-default/run
 	$(PY) benchmarks/performance.py --out docs/results/performance
-	$(PY) benchmarks/ablations.py --out docs/results/ablations/fidelity --samples 5 --fidelity-only \
+	$(PY) benchmarks/ablations.py --out docs/results/ablations/scores --samples 3 --tasks $(RULER_TASKS) \
 	    --doc docs/results/ablations.md
 	$(PY) benchmarks/claims.py --ruler docs/results/ruler-default/aware-20 \
 	    --perturbation docs/results/perturbation-default/run --performance docs/results/performance \
