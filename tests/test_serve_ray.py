@@ -96,7 +96,8 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)  # the command shuts Ray Serve and its cluster down
         try:
-            assert process.wait(timeout=300) == 0  # Ray Serve and its cluster can take minutes to stop on a loaded 2-core box
+            # Ray Serve and its cluster can take minutes to stop on a loaded 2-core box
+            assert process.wait(timeout=300) == 0
         finally:
             if process.poll() is None:
                 process.kill()
