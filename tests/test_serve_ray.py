@@ -76,10 +76,13 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "criticalkv.cli", "serve", "--ray", "--replicas", "2", "--replica-cpus", "0.5",
                "--model", str(model), "--store", str(store), "--port", str(port), "--budget", "0.4", "--window", "8",
                "--max-new-tokens", str(MAX_NEW), "--methods", "snapkv"]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # the command's log goes to a file: an unread pipe fills up and blocks the process on shutdown
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         for _ in range(1800):  # bounded: about three minutes on a loaded machine
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            assert process.poll() is None, log.read_text(errors="replace")
             try:
                 if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                     break
@@ -97,7 +100,7 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)  # the command shuts Ray Serve and its cluster down
         try:
             # Ray Serve and its cluster can take minutes to stop on a loaded 2-core box
-            assert process.wait(timeout=300) == 0
+            assert process.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
         finally:
             if process.poll() is None:
                 process.kill()
