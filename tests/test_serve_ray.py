@@ -96,6 +96,12 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
         # a single server started on the same folder answers the context the deployment stored
         with live_server(server_config(store)) as (single, _):
             assert _ask(single, QUESTIONS[0], made["id"]) == through_ray
+        # a SIGINT that lands while `serve.run` still waits for the second replica is not acted on
+        # (a known gap, docs/limitations.md): wait, bounded, until the command says it is ready
+        for _ in range(1800):
+            if "is ready at" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.1)
     finally:
         process.send_signal(signal.SIGINT)  # the command shuts Ray Serve and its cluster down
         try:
