@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
+from criticalkv.commands.inputs import add_head_scores_argument, add_storage_arguments, check_head_scores, output_folder
 
 NAME = "bench"
 if TYPE_CHECKING:
@@ -55,15 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="{8,4}",
         help="also measure each method with its kept entries stored in 8 or 4 bits (and kvpress on a quanto cache)",
     )
-    p.add_argument(
-        "--kv-group-size", type=int, default=None, help="with --kv-bits: entries per scale and zero point (default 32)"
-    )
-    p.add_argument(
-        "--kv-residual",
-        type=int,
-        default=None,
-        help="with --kv-bits: newest tokens kept exact (default min(64, budget))",
-    )
+    add_storage_arguments(p)
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
     p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
     add_head_scores_argument(p)

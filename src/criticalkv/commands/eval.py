@@ -8,7 +8,7 @@ from typing import Any
 
 from criticalkv.commands import scale
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores
+from criticalkv.commands.inputs import add_head_scores_argument, add_storage_arguments, check_head_scores
 from criticalkv.runtime import MODES
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -57,15 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-bits", type=int, choices=[16, 8, 4], default=None, help="store the kept entries in 8 or 4 bits"
     )
-    p.add_argument(
-        "--kv-group-size", type=int, default=None, help="with --kv-bits: entries per scale and zero point (default 32)"
-    )
-    p.add_argument(
-        "--kv-residual",
-        type=int,
-        default=None,
-        help="with --kv-bits: newest tokens kept exact (default min(64, budget))",
-    )
+    add_storage_arguments(p)
     p.add_argument(
         "--decode-budget",
         type=int,

@@ -10,6 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL
 from criticalkv.commands.common import UsageError
 
 
@@ -47,6 +48,22 @@ def output_folder(path: Path, option: str) -> Path:
     if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: {existing} is not writable; choose another folder")
     return path
+
+
+def add_storage_arguments(p: argparse.ArgumentParser) -> None:
+    """``--kv-group-size`` and ``--kv-residual``: how ``--kv-bits`` quantizes (eval, bench)."""
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=None,
+        help=f"with --kv-bits: entries per scale and zero point (default {DEFAULT_GROUP_SIZE})",
+    )
+    p.add_argument(
+        "--kv-residual",
+        type=int,
+        default=None,
+        help=f"with --kv-bits: newest tokens kept exact (default min({DEFAULT_RESIDUAL}, budget))",
+    )
 
 
 def add_head_scores_argument(p: argparse.ArgumentParser) -> None:
