@@ -14,6 +14,7 @@ from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_b
 from criticalkv.cache.quant_spec import quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.store import LAYOUT
 from criticalkv.headscores.file import load_head_scores
 from criticalkv.methods import get_method
 from criticalkv.runs import check_folder_path
@@ -175,19 +176,10 @@ class SweepConfig:
         """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
         data = asdict(self)
         options = data.pop("options")
-        for optional in (
-            "norm_precision",
-            "kv_bits",
-            "kv_group_size",
-            "kv_residual",
-            "decode_budget",
-            "decode_interval",
-        ):
+        for optional in LAYOUT.optional:  # absent when unset, as configs were recorded before the options existed
             if data[optional] is None:
                 del data[optional]
         data["out"] = str(self.out)
-        if data["head_scores"] is None:
-            del data["head_scores"]  # as configs were recorded before the option existed
         return {**data, **FLAT_DEFAULTS, **options}
 
 
