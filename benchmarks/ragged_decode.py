@@ -1,0 +1,114 @@
+"""The ragged decode path at the model level: head-varying caches beside a uniform one, stepped in turn.
+
+    PYTHONPATH=src python benchmarks/ragged_decode.py --prompt-tokens 4096 --steps 64 \
+        snapkv@0.2 adakv@0.2 critical-adakv@0.2 defensivekv@0.2 [--kv-bits 4] [--out FILE]
+
+Each spec is ``METHOD@BUDGET``; the first is the reference (a uniform layout such as SnapKV's).
+Every cache is prefilled with the same natural-text prompt at the same budget, so they hold the
+same bytes (printed), then all decode the same greedy tokens (the reference's), one step of each
+cache in turn: the caches see the same moment and the same load. Per step the model's whole decode
+forward is timed on the wall clock and on this thread's CPU clock (``time.thread_time``, which
+does not count time the thread waits for a core). The figure is the median over steps of the
+paired ratio (cache / reference in the same step), with a 95% bootstrap interval of that median;
+``--kv-bits`` stores every cache's kept entries in 8 or 4 bits. One JSON line per cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from criticalkv import CompressedCache, attach, load_model
+from criticalkv.compat import cache_argument
+from decode_compression import prompt_ids
+
+
+def make(model: torch.nn.Module, spec: str, kv_bits: int) -> CompressedCache:
+    method, budget = spec.split("@")
+    kept = float(budget) if "." in budget else int(budget)
+    return CompressedCache.for_model(model, method, kept, window=32, kv_bits=kv_bits)
+
+
+def median_interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the median of ``ratios``."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("specs", nargs="+", help="METHOD@BUDGET; the first is the reference")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=4, help="steps run but not counted")
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--kv-bits", type=int, default=16, choices=[16, 8, 4])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here too")
+    args = parser.parse_args()
+    if len(args.specs) < 2:
+        parser.error("give a reference spec and at least one more, e.g. snapkv@0.2 adakv@0.2")
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("default")
+    attach(model)
+    ids = prompt_ids(tokenizer, args.prompt_tokens)
+    caches = {s: make(model, s, args.kv_bits) for s in args.specs}
+    mask = torch.ones_like(ids)
+    token = None
+    for cache in caches.values():
+        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, cache), logits_to_keep=1)
+        if token is None:
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+    wall: dict[str, list[float]] = {s: [] for s in caches}
+    cpu: dict[str, list[float]] = {s: [] for s in caches}
+    reference = args.specs[0]
+    for step in range(args.warmup + args.steps):
+        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+        position = torch.tensor([[mask.shape[1] - 1]])
+        order = list(caches.items())
+        if step % 2:  # alternate who goes first, so no cache always runs right after another
+            order.reverse()
+        nxt = token
+        for spec, cache in order:
+            started_wall, started_cpu = time.perf_counter(), time.thread_time()
+            out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+            took_wall, took_cpu = time.perf_counter() - started_wall, time.thread_time() - started_cpu
+            if step >= args.warmup:
+                wall[spec].append(1000 * took_wall)
+                cpu[spec].append(1000 * took_cpu)
+            if spec == reference:
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        token = nxt
+    for spec, cache in caches.items():
+        record: dict[str, Any] = {
+            "spec": spec,
+            "reference": reference,
+            "prompt_tokens": args.prompt_tokens,
+            "kv_bits": args.kv_bits,
+            "kv_bytes": cache.kv_bytes(),
+            "steps": args.steps,
+            "threads": args.threads,
+            "wall_ms_median": statistics.median(wall[spec]),
+            "cpu_ms_median": statistics.median(cpu[spec]),
+        }
+        for clock, times in (("wall", wall), ("cpu", cpu)):
+            ratios = [a / b for a, b in zip(times[spec], times[reference], strict=True)]
+            low, high = median_interval(ratios)
+            record |= {f"{clock}_ratio_median": statistics.median(ratios), f"{clock}_ratio_ci": [low, high]}
+        line = json.dumps(record)
+        print(line)
+        if args.out is not None:
+            with args.out.open("a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
