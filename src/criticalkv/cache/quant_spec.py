@@ -111,7 +111,10 @@ def quantization_for(
         raise TypeError(f"kv_bits must be an integer (16, 8 or 4), not {kv_bits!r}")
     if kv_bits in UNQUANTIZED_BITS:
         return None
-    spec = KVQuantization(kv_bits, group_size, residual)
+    if group_size is None:  # the bit width's default, resolved (and the width checked) by the spec
+        spec = KVQuantization(kv_bits, residual=residual)
+    else:
+        spec = KVQuantization(kv_bits, group_size, residual)
     if isinstance(budget, int) and not isinstance(budget, bool):
         spec.check_budget(budget)
     head_dim = None if config is None else head_dim_of(config)
