@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from criticalkv.bench.hf_quantized import hf_quantized_bytes, hf_quantized_cache
+from criticalkv.bench.hf_quantized import hf_quantized_cache
+from criticalkv.bench.ours import dynamic_cache_bytes
 from criticalkv.cache.quant_spec import default_group_size
 from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.fidelity import fidelity
@@ -92,7 +93,7 @@ def sample_records(
     for b in bits:
         group = (groups or {}).get(b, default_group_size(b))
         cache = filled(model, states, backend, b, group, residual)
-        kv_bytes = hf_quantized_bytes(cache)
+        kv_bytes = dynamic_cache_bytes(cache)
         logprobs = teacher_forced_logprobs(model, cache, mask, gold, len(gold), last)[0]
         fid = fidelity(logprobs, reference, gold)
         text = answer(filled(model, states, backend, b, group, residual))

@@ -12,13 +12,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from criticalkv.bench.hf_quantized import (
-    backend_unavailable,
-    hf_quantized_bytes,
-    hf_quantized_cache,
-    pick_backend,
-    quantized_state_bytes,
-)
+from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
+from criticalkv.bench.ours import dynamic_cache_bytes, state_bytes
 from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.unit import SampleEvaluator
 from tests.conftest import VOCAB, make_tiny
@@ -50,9 +45,9 @@ def test_bit_widths_each_backend_refuses() -> None:
     assert backend is None and reason is not None and "quanto" in reason and "hqq" in reason
     with pytest.raises(ValueError, match="backends are quanto, hqq"):
         backend_unavailable("fp16", 4)
-    with pytest.raises(TypeError, match="not a quantized cache state"):
-        quantized_state_bytes([1, 2])
-    assert quantized_state_bytes(None) == 0
+    assert state_bytes(None) == 0 and state_bytes(torch.zeros(3, 2)) == 24
+    codes, scale = torch.zeros(8, dtype=torch.uint8), torch.zeros(2)
+    assert state_bytes((codes, {"scale": scale, "zero": scale, "shape": torch.Size([4, 4]), "nbits": 4})) == 8 + 16
 
 
 @needs_hqq
@@ -72,9 +67,9 @@ def test_hqq_bytes_are_codes_plus_float32_scales_and_zeros(model: PreTrainedMode
         cache.update(torch.randn(b, h, t, d, generator=g), torch.randn(b, h, t, d, generator=g), layer)
     n = b * h * t * d  # elements per tensor; a scale and a zero point (float32) per group of ``group``
     per_tensor = n * bits // 8 + 2 * (n // group) * 4
-    assert hf_quantized_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor
+    assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor
     cache.update(torch.randn(b, h, 3, d, generator=g), torch.randn(b, h, 3, d, generator=g), 0)  # 3 exact tokens
-    assert hf_quantized_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor + 2 * b * h * 3 * d * 4
+    assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor + 2 * b * h * 3 * d * 4
 
 
 @needs_hqq
@@ -115,3 +110,19 @@ def test_script_is_importable_without_hqq() -> None:
     """The script imports wherever criticalkv does; only running a quantized cache needs the backend."""
     assert callable(_load().sample_records)
     assert VOCAB > 0
+
+
+@needs_hqq
+def test_the_kvpress_pairing_falls_back_to_hqq(model: PreTrainedModel) -> None:
+    """``bench --kv-bits 8`` pairs kvpress with an HQQ cache (quanto has no 8 bits); the residual
+    left unset is ours (64)."""
+    from criticalkv.bench.kvpress_quantized import pair_unavailable, quantized_cache
+
+    assert pair_unavailable(8) is None
+    cache, backend = quantized_cache(model, (8, 16, None))
+    assert backend == "hqq" and cache.layers[0].residual_length == 64 and cache.layers[0].q_group_size == 16
+    ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache)
+    n = 2 * 40 * 16  # one row, 2 KV heads, 40 tokens, head_dim 16
+    assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * (n + 2 * (n // 16) * 4)

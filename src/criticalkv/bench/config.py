@@ -32,7 +32,7 @@ class BenchConfig:
     and interval, for the methods with a uniform scorer press). ``kv_bits`` 8 or 4: each method is
     measured a second time with its kept entries stored quantized (``kv_group_size`` entries per
     scale and zero point, the newest ``kv_residual`` tokens exact; ``None``: the cache's defaults),
-    kvpress's press a second time on transformers' quanto ``QuantizedCache`` where it can be.
+    kvpress's press a second time on transformers' ``QuantizedCache`` (quanto, else HQQ) where it can be.
     """
 
     context_lengths: list[int] = field(default_factory=lambda: [4096])

@@ -1,5 +1,5 @@
-"""transformers' own ``QuantizedCache`` (quanto or HQQ backend): which backend can run here, the
-cache, and its real bytes.
+"""transformers' own ``QuantizedCache`` (quanto or HQQ backend): which backend can run here, and
+the cache (its real bytes: :func:`criticalkv.bench.ours.dynamic_cache_bytes`).
 
 transformers' quantized layer (KIVI-like, Liu et al. 2024, arXiv 2402.02750) quantizes a whole
 prompt at its first ``update`` (the prefill itself attends to the exact states), keeps later
@@ -12,10 +12,6 @@ per group in the model's dtype (float32 for a float32 model). Neither evicts any
 from __future__ import annotations
 
 from typing import Any
-
-import torch
-
-from criticalkv.bench.ours import tensor_bytes
 
 #: the bit widths each transformers ``QuantizedCache`` backend accepts, in order of preference
 HF_BACKEND_BITS: dict[str, tuple[int, ...]] = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
@@ -69,30 +65,3 @@ def hf_quantized_cache(model: Any, backend: str, bits: int, group: int, residual
     from transformers import QuantizedCache
 
     return QuantizedCache(backend, model.config, nbits=bits, q_group_size=group, residual_length=residual)
-
-
-def quantized_state_bytes(state: Any) -> int:
-    """Bytes of one quantized state as a backend holds it: a tensor (quanto's packed tensor: its
-    data, scales and zero points), or HQQ's ``(codes, meta)`` pair (the codes and every tensor
-    of ``meta``: scale and zero point). ``None`` (nothing quantized yet) holds 0."""
-    if state is None:
-        return 0
-    if isinstance(state, torch.Tensor):
-        return tensor_bytes(state)
-    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
-        codes, meta = state
-        return tensor_bytes(codes) + sum(tensor_bytes(v) for v in meta.values() if isinstance(v, torch.Tensor))
-    raise TypeError(f"not a quantized cache state: {type(state).__name__}")
-
-
-def hf_quantized_bytes(cache: Any) -> int:
-    """Bytes of the keys and values a transformers ``QuantizedCache`` holds now: quantized codes,
-    scales and zero points, and the exact residual."""
-    total = 0
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            tensor = getattr(layer, name, None)
-            if isinstance(tensor, torch.Tensor):
-                total += tensor_bytes(tensor)
-        total += quantized_state_bytes(layer._quantized_keys) + quantized_state_bytes(layer._quantized_values)
-    return total
