@@ -11,12 +11,16 @@ per group in the model's dtype (float32 for a float32 model). Neither evicts any
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 #: the bit widths each transformers ``QuantizedCache`` backend accepts, in order of preference
 HF_BACKEND_BITS: dict[str, tuple[int, ...]] = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8)}
-#: what each backend needs importable, and the package that provides it
-_NEEDS = {"quanto": ("optimum.quanto", "optimum-quanto"), "hqq": ("hqq.core.quantize", "hqq")}
+#: what transformers' layer of each backend imports (module, names), and the package that provides it
+_NEEDS = {
+    "quanto": ("optimum.quanto", ("MaxOptimizer", "quantize_weight", "qint4"), "optimum-quanto"),
+    "hqq": ("hqq.core.quantize", ("Quantizer",), "hqq"),
+}
 
 
 def backend_unavailable(backend: str, bits: int) -> str | None:
@@ -26,10 +30,12 @@ def backend_unavailable(backend: str, bits: int) -> str | None:
     accepted = HF_BACKEND_BITS[backend]
     if bits not in accepted:
         return f"transformers' {backend} QuantizedCache stores {', '.join(map(str, accepted))} bits, not {bits}"
-    module, package = _NEEDS[backend]
-    try:
-        __import__(module)
-    except Exception as err:  # ImportError, or a namespace package left by an uninstall
+    module, names, package = _NEEDS[backend]
+    try:  # the names too: an uninstall can leave an empty namespace package that imports
+        loaded = importlib.import_module(module)
+        for name in names:
+            getattr(loaded, name)
+    except Exception as err:  # ImportError, AttributeError
         return f"{package} does not import ({type(err).__name__}: {err}); pip install {package} to use it"
     return None
 
