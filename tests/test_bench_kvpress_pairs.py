@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.kvpress_impl import import_kvpress
-from criticalkv.bench.kvpress_quantized import quanto_unavailable
+from criticalkv.bench.kvpress_quantized import pair_unavailable, quanto_unavailable
 from criticalkv.bench.report import derived, format_table
 from criticalkv.cli import main
 from tests.conftest import make_tiny
@@ -71,7 +71,7 @@ def test_decoding_press_beside_our_decode_budget(tiny_llama: PreTrainedModel) ->
     assert "Decoding(StreamingLLM)" in format_table([r.to_dict() for r in records], notes)
 
 
-@pytest.mark.skipif(quanto_unavailable(4) is None, reason="optimum-quanto imports here")
+@pytest.mark.skipif(pair_unavailable(4) is None, reason="a QuantizedCache backend (quanto or hqq) imports here")
 def test_without_quanto_the_quantized_pair_is_skipped_with_its_reason(tiny_llama: PreTrainedModel) -> None:
     notes: list[str] = []
     config = _config(methods=["snapkv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
@@ -82,7 +82,7 @@ def test_without_quanto_the_quantized_pair_is_skipped_with_its_reason(tiny_llama
         ("kvpress", None),
         ("criticalkv", 4),
     ]
-    assert notes == [f"kvpress on a quantized cache not measured: {quanto_unavailable(4)}"]
+    assert notes == [f"kvpress on a quantized cache not measured: {pair_unavailable(4)}"]
     row = next(r for r in derived([r.to_dict() for r in records]) if r["kv_bits"] == 4)
     assert row["kvpress_pair"] == "not run" and row["decode_speedup_vs_kvpress"] is None
 
@@ -97,6 +97,18 @@ def test_kvpress_on_a_quanto_cache_beside_ours_quantized(tiny_llama: PreTrainedM
     assert quanto.kv_bytes < plain.kv_bytes
     row = next(r for r in derived([r.to_dict() for r in records]) if r["impl"] == "criticalkv" and r["kv_bits"])
     assert row["kvpress_pair"] == "SnapKV+quanto4" and row["decode_speedup_vs_kvpress"] is not None
+
+
+@pytest.mark.skipif(
+    quanto_unavailable(4) is None or pair_unavailable(4) is not None, reason="quanto imports here, or hqq does not"
+)
+def test_kvpress_on_an_hqq_cache_where_quanto_is_absent(tiny_llama: PreTrainedModel) -> None:
+    config = _config(methods=["snapkv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"))
+    by = {(r.impl, r.method, r.kv_bits): r for r in records}
+    hqq, plain = by[("kvpress", "snapkv", 4)], by[("kvpress", "snapkv", None)]
+    assert hqq.press == "SnapKV+hqq4" and (hqq.kv_group_size, hqq.kv_bits) == (8, 4)
+    assert hqq.kv_bytes < plain.kv_bytes
 
 
 def test_cli_decode_budget_beside_kvpress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

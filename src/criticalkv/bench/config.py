@@ -12,7 +12,7 @@ from criticalkv.bench.ours import StorageOptions
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import check_window
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, check_quantized_decode, quantization_for
+from criticalkv.cache.quant_spec import check_quantized_decode, default_group_size, quantization_for
 from criticalkv.methods import bind, get_method
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -32,7 +32,7 @@ class BenchConfig:
     and interval, for the methods with a uniform scorer press). ``kv_bits`` 8 or 4: each method is
     measured a second time with its kept entries stored quantized (``kv_group_size`` entries per
     scale and zero point, the newest ``kv_residual`` tokens exact; ``None``: the cache's defaults),
-    kvpress's press a second time on transformers' quanto ``QuantizedCache`` where it can be.
+    kvpress's press a second time on transformers' ``QuantizedCache`` (quanto, else HQQ) where it can be.
     """
 
     context_lengths: list[int] = field(default_factory=lambda: [4096])
@@ -82,8 +82,7 @@ class BenchConfig:
             if self.kv_group_size is not None or self.kv_residual is not None:
                 raise ValueError("kv_group_size and kv_residual set how kv_bits quantizes: give kv_bits 8 or 4 too")
             return
-        group = DEFAULT_GROUP_SIZE if self.kv_group_size is None else self.kv_group_size
-        spec = quantization_for(self.kv_bits, group, self.kv_residual)
+        spec = quantization_for(self.kv_bits, self.kv_group_size, self.kv_residual)
         if spec is None:
             raise ValueError(f"kv_bits {self.kv_bits} is the model's own dtype: give 8 or 4 (or leave it out)")
         check_quantized_decode(spec, self.decode_budget)  # the cache's own sentence, before any work
@@ -98,7 +97,7 @@ class BenchConfig:
         """(bits, group size, residual) of the quantized rows, or ``None`` without ``kv_bits``."""
         if self.kv_bits is None:
             return None
-        group = DEFAULT_GROUP_SIZE if self.kv_group_size is None else self.kv_group_size
+        group = default_group_size(self.kv_bits) if self.kv_group_size is None else self.kv_group_size
         return (self.kv_bits, group, self.kv_residual)
 
     def _check_decode(self) -> None:

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from criticalkv.bench.decode import timed_decode
-from criticalkv.bench.kvpress_quantized import quanto_cache
+from criticalkv.bench.kvpress_quantized import quantized_cache
 from criticalkv.bench.measure import now, reset_peak_memory, synchronize
 from criticalkv.bench.ours import StorageOptions, dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
@@ -126,7 +126,7 @@ def measure_kvpress(
     """Prefill under kvpress's press for ``method`` at ``budget`` (kept fraction), then decode.
 
     ``model`` must be a plain (sdpa) model, not one attached to criticalkv. ``storage``: (bits,
-    group size, residual) to hold the cache in transformers' quanto ``QuantizedCache``
+    group size, residual) to hold the cache in transformers' ``QuantizedCache`` (quanto, else HQQ)
     (:mod:`criticalkv.bench.kvpress_quantized`) instead of a ``DynamicCache``.
     """
     if method not in KVPRESS_METHODS:
@@ -141,7 +141,7 @@ def measure_kvpress(
     press.compress = timed_compress(press.compress, spent, device)
     _clear_masks(model)
     reset_peak_memory(device)
-    cache = DynamicCache(config=model.config) if storage is None else quanto_cache(model, storage)
+    cache, backend = (DynamicCache(config=model.config), "") if storage is None else quantized_cache(model, storage)
     ttft, kv, peak, final, step_s = run_press(model, press, cache, ids, decode_tokens)
     _clear_masks(model)
     return measured(
@@ -158,7 +158,7 @@ def measure_kvpress(
         kv_bytes_peak=peak,
         kv_bytes_final=final,
         storage=storage,
-        press=label if storage is None else f"{label}+quanto{storage[0]}",
+        press=label if storage is None else f"{label}+{backend}{storage[0]}",
     )
 
 

@@ -1,15 +1,18 @@
-"""kvpress's presses on transformers' ``QuantizedCache`` (quanto backend), the pairing kvpress
-documents for quantized storage; used by ``criticalkv bench --kv-bits`` beside our quantized cache.
+"""kvpress's presses on transformers' ``QuantizedCache``, the pairing kvpress documents for quantized
+storage; used by ``criticalkv bench --kv-bits`` beside our quantized cache.
 
-transformers' quanto layer quantizes everything but the newest ``residual_length`` tokens in
-``q_group_size`` groups along one axis and dequantizes the whole layer at every step; it stores
-2 or 4 bits (``optimum-quanto`` must import).
+The quanto backend is kvpress's documented one and is used where ``optimum-quanto`` imports and
+stores the bit width (2 or 4 bits); otherwise the HQQ backend (``pip install criticalkv[quant]``;
+1, 2, 3, 4 or 8 bits). transformers' layer quantizes everything but the newest ``residual_length``
+tokens in ``q_group_size`` groups along one axis and dequantizes the whole layer at every step
+(:mod:`criticalkv.bench.hf_quantized`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
 from criticalkv.bench.ours import StorageOptions
 from criticalkv.cache.quant_spec import DEFAULT_RESIDUAL
 
@@ -21,20 +24,21 @@ def quanto_unavailable(bits: int) -> str | None:
     """Why kvpress cannot be paired with a quanto ``QuantizedCache`` at ``bits`` here (``None``: it can)."""
     if bits not in QUANTO_BITS:
         return f"transformers' quanto QuantizedCache stores {' or '.join(map(str, QUANTO_BITS))} bits, not {bits}"
-    try:
-        from optimum.quanto import MaxOptimizer, quantize_weight  # noqa: F401  what the cache layer calls
-    except Exception as err:  # ImportError, or a namespace package left by an uninstall
-        return f"optimum-quanto does not import ({type(err).__name__}: {err}); pip install optimum-quanto to pair them"
-    return None
+    return backend_unavailable("quanto", bits)
 
 
-def quanto_cache(model: Any, storage: StorageOptions) -> Any:
-    """transformers' ``QuantizedCache`` (quanto) for ``model`` at (bits, group size, residual)."""
-    from transformers import QuantizedCache
+def pair_unavailable(bits: int) -> str | None:
+    """Why kvpress cannot be paired with any transformers ``QuantizedCache`` (quanto, then HQQ) at
+    ``bits`` here (``None``: one of them can)."""
+    return pick_backend(bits)[1]
 
+
+def quantized_cache(model: Any, storage: StorageOptions) -> tuple[Any, str]:
+    """transformers' ``QuantizedCache`` for ``model`` at (bits, group size, residual), and its backend
+    (quanto where it can, else HQQ)."""
     bits, group, residual = storage
-    reason = quanto_unavailable(bits)
-    if reason is not None:
-        raise ValueError(reason)
+    backend, reason = pick_backend(bits)
+    if backend is None:
+        raise ValueError(f"no transformers QuantizedCache backend stores {bits} bits here: {reason}")
     length = DEFAULT_RESIDUAL if residual is None else residual
-    return QuantizedCache("quanto", model.config, nbits=bits, q_group_size=group, residual_length=length)
+    return hf_quantized_cache(model, backend, bits, group, length), backend

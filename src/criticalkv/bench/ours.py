@@ -35,16 +35,22 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 _KV_ATTRIBUTES = ("keys", "values", "_quantized_keys", "_quantized_values")
 
 
+def state_bytes(state: Any) -> int:
+    """Bytes of one state a transformers cache layer holds: a tensor (quanto's packed tensor: its
+    data, scales and zero points), HQQ's ``(codes, meta)`` pair (the codes and every tensor of
+    ``meta``: scale and zero point); anything else (``None``: nothing held yet) holds 0."""
+    if isinstance(state, torch.Tensor):
+        return tensor_bytes(state)
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+        codes, meta = state
+        return state_bytes(codes) + sum(tensor_bytes(v) for v in meta.values() if isinstance(v, torch.Tensor))
+    return 0
+
+
 def dynamic_cache_bytes(cache: Any) -> int:
     """Bytes of the keys and values a transformers cache holds (quantized data, scales and zero
-    points included for a ``QuantizedCache``)."""
-    total = 0
-    for layer in cache.layers:
-        for name in _KV_ATTRIBUTES:
-            tensor = getattr(layer, name, None)
-            if isinstance(tensor, torch.Tensor):
-                total += tensor_bytes(tensor)
-    return total
+    points included for a ``QuantizedCache``, quanto or HQQ, and its exact residual)."""
+    return sum(state_bytes(getattr(layer, name, None)) for layer in cache.layers for name in _KV_ATTRIBUTES)
 
 
 @torch.no_grad()

@@ -68,14 +68,15 @@ def kvpress_counterpart(method: str, *, decode: bool) -> bool:
 
 
 def plan_runs(
-    config: BenchConfig, kvpress: bool, quanto_unavailable: Callable[[int], str | None]
+    config: BenchConfig, kvpress: bool, pair_unavailable: Callable[[int], str | None]
 ) -> tuple[list[Run], list[str]]:
     """Every run of ``config`` in measurement order, and a sentence for each kvpress counterpart
-    that is not measured (``kvpress``: whether kvpress is compared at all)."""
+    that is not measured (``kvpress``: whether kvpress is compared at all; ``pair_unavailable``:
+    why kvpress cannot run on a quantized cache at a bit width, ``None`` where it can)."""
     runs: list[Run] = []
     notes: dict[str, None] = {}  # ordered, without repeats
     decode, storage = config.decode, config.storage
-    quanto = None if storage is None or not kvpress else quanto_unavailable(storage[0])
+    unpaired = None if storage is None or not kvpress else pair_unavailable(storage[0])
     for length in config.context_lengths:
         for batch in config.batch_sizes:
             runs.append(Run("criticalkv", "full", length, 1.0, batch))
@@ -87,8 +88,8 @@ def plan_runs(
                     if storage is None:
                         continue
                     runs.append(Run("criticalkv", method, length, budget, batch, None, storage))
-                    if kvpress and quanto is not None:
-                        notes[f"kvpress on a quantized cache not measured: {quanto}"] = None
+                    if kvpress and unpaired is not None:
+                        notes[f"kvpress on a quantized cache not measured: {unpaired}"] = None
                     elif kvpress:
                         runs += _kvpress_runs(method, length, budget, batch, None, storage, config.window, notes)
     return runs, list(notes)

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from criticalkv.bench.config import BenchConfig
 from criticalkv.bench.kvpress_decode import measure_kvpress_decode
 from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
-from criticalkv.bench.kvpress_quantized import quanto_unavailable
+from criticalkv.bench.kvpress_quantized import pair_unavailable
 from criticalkv.bench.ours import measure_criticalkv, measure_full
 from criticalkv.bench.plan import Run, plan_runs
 from criticalkv.bench.plan import record_key as _data_key
@@ -115,7 +115,7 @@ def run_bench(
         records_path = out / "records.jsonl"
         _drop_torn_tail(records_path)
         done = {record_key(r) for r in load_records(records_path)}
-    plan, skipped = plan_runs(config, kvpress is not None, quanto_unavailable)
+    plan, skipped = plan_runs(config, kvpress is not None, pair_unavailable)
     if notes is not None:
         notes.extend(skipped)
     # a token count is recorded (and keyed) as a float above 1, as records always held budgets;

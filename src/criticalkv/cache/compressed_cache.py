@@ -17,7 +17,7 @@ from criticalkv.cache.fork import fork_cache
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, check_quantized_decode, quantization_for
+from criticalkv.cache.quant_spec import check_quantized_decode, quantization_for
 from criticalkv.cache.quantized_layer import make_layer
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
@@ -81,7 +81,7 @@ class CompressedCache(Cache):
         decode_budget: int | None = None,
         decode_interval: int = DEFAULT_INTERVAL,
         kv_bits: int = 16,
-        kv_group_size: int = DEFAULT_GROUP_SIZE,
+        kv_group_size: int | None = None,
         kv_residual: int | None = None,
     ) -> None:
         self.method = get_method(method)
@@ -126,9 +126,7 @@ class CompressedCache(Cache):
         """A cache sized for ``model`` (its number of decoder layers), with head scores bound
         for ``model`` if the method needs them (an error up front if there are none)."""
         bound = bind(get_method(method), model, head_scores)
-        quantization_for(
-            kwargs.get("kv_bits", 16), kwargs.get("kv_group_size", DEFAULT_GROUP_SIZE), config=model.config
-        )
+        quantization_for(kwargs.get("kv_bits", 16), kwargs.get("kv_group_size"), config=model.config)
         return cls(model.config.num_hidden_layers, bound, budget, **kwargs)
 
     @classmethod

@@ -7,9 +7,11 @@ from typing import Any
 
 from criticalkv.cache.quantize import SUPPORTED_BITS
 
-#: entries (keys: tokens, values: channels) sharing one scale and zero point; 64 with head dimension
-#: 64 (the default model) is one value group per token: 4 + 0.5 + 0.5 (whole key blocks) = 4.5 bits
-DEFAULT_GROUP_SIZE = 64
+#: entries (keys: tokens, values: channels) sharing one scale and zero point, per bit width, chosen
+#: by measurement (docs/results/quantized-storage.md): 8 bits at 64 moved the NLL by 0.011 nats/token
+#: at budget 0.5 (target < 0.01), at 32 by 0.0013; 4 bits at 32 cost over 5 bits per element, at 64
+#: (one value group per token at head dimension 64) 4.5 per whole block
+DEFAULT_GROUP_SIZES: dict[int, int] = {8: 32, 4: 64}
 #: most recent appended tokens kept in full precision (capped at the smallest per-head budget)
 DEFAULT_RESIDUAL = 64
 #: ``kv_bits`` values that mean "not quantized": the model's own dtype
@@ -24,16 +26,20 @@ class KVQuantization:
     last block holds the rest, fewer, at their real length); values per token over
     ``min(group_size, head_dim)`` consecutive channels. The most recent ``residual`` appended
     tokens stay in full precision; older ones are quantized ``group_size`` at a time.
+    ``group_size=None`` means the bit width's default (:func:`default_group_size`: 32 at 8 bits,
+    64 at 4 bits), resolved at construction, so ``KVQuantization(8) == KVQuantization(8, 32)``.
     ``residual=None`` means :data:`DEFAULT_RESIDUAL`, capped at the smallest per-head budget.
     """
 
     bits: int
-    group_size: int = DEFAULT_GROUP_SIZE
+    group_size: int = None  # type: ignore[assignment]  # None: the bit width's default, resolved below
     residual: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or self.bits not in SUPPORTED_BITS:
             raise ValueError(f"kv_bits must be 16 (not quantized), 8 or 4, not {self.bits!r}")
+        if self.group_size is None:
+            object.__setattr__(self, "group_size", default_group_size(self.bits))
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
             raise ValueError(f"the quantization group size must be a positive integer, not {self.group_size!r}")
         if self.residual is not None and (
@@ -68,6 +74,13 @@ class KVQuantization:
         return DEFAULT_RESIDUAL if budget_tokens is None else min(DEFAULT_RESIDUAL, budget_tokens)
 
 
+def default_group_size(bits: int) -> int:
+    """The group size ``bits``-bit storage uses when none is given (:data:`DEFAULT_GROUP_SIZES`)."""
+    if isinstance(bits, bool) or bits not in DEFAULT_GROUP_SIZES:
+        raise ValueError(f"quantized storage has 8 or 4 bits, not {bits!r}")
+    return DEFAULT_GROUP_SIZES[bits]
+
+
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(k for k in range(1, min(n, at_most) + 1) if n % k == 0)
 
@@ -83,12 +96,14 @@ def head_dim_of(config: Any) -> int | None:
 
 def quantization_for(
     kv_bits: int,
-    group_size: int = DEFAULT_GROUP_SIZE,
+    group_size: int | None = None,
     residual: int | None = None,
     budget: int | float | None = None,
     config: Any = None,
 ) -> KVQuantization | None:
     """Validate the storage options; ``None`` for ``kv_bits`` 16 (the model's dtype, not quantized).
+
+    ``group_size=None``: the bit width's default (:func:`default_group_size`).
 
     ``budget`` (a token count) and ``config`` (the model's) are checked when given, before any work.
     """
@@ -96,7 +111,10 @@ def quantization_for(
         raise TypeError(f"kv_bits must be an integer (16, 8 or 4), not {kv_bits!r}")
     if kv_bits in UNQUANTIZED_BITS:
         return None
-    spec = KVQuantization(kv_bits, group_size, residual)
+    if group_size is None:  # the bit width's default, resolved (and the width checked) by the spec
+        spec = KVQuantization(kv_bits, residual=residual)
+    else:
+        spec = KVQuantization(kv_bits, group_size, residual)
     if isinstance(budget, int) and not isinstance(budget, bool):
         spec.check_budget(budget)
     head_dim = None if config is None else head_dim_of(config)

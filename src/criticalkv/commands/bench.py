@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="{8,4}",
-        help="also measure each method with its kept entries stored in 8 or 4 bits (and kvpress on a quanto cache)",
+        help="also measure each method with its kept entries stored in 8 or 4 bits (and kvpress on transformers' "
+        "QuantizedCache: quanto, else HQQ)",
     )
     add_storage_arguments(p)
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")

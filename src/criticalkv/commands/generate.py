@@ -8,9 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
-from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, group_size_defaults, read_text_file
 from criticalkv.runtime import MODES
 
 NAME = "generate"
@@ -37,8 +36,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--kv-group-size",
         type=int,
-        default=DEFAULT_GROUP_SIZE,
-        help=f"entries per quantization scale and zero point (default {DEFAULT_GROUP_SIZE})",
+        default=None,
+        help=f"entries per quantization scale and zero point (default {group_size_defaults()})",
     )
     gen.add_argument("--kv-residual", type=int, default=None, help="newest tokens kept exact (default min(64, budget))")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")

@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
 from criticalkv.commands.common import UsageError
 
 
@@ -50,13 +50,18 @@ def output_folder(path: Path, option: str) -> Path:
     return path
 
 
+def group_size_defaults() -> str:
+    """The default group size of each bit width, as the help strings say it: ``32 at 8 bits, 64 at 4 bits``."""
+    return ", ".join(f"{group} at {bits} bits" for bits, group in DEFAULT_GROUP_SIZES.items())
+
+
 def add_storage_arguments(p: argparse.ArgumentParser) -> None:
     """``--kv-group-size`` and ``--kv-residual``: how ``--kv-bits`` quantizes (eval, bench)."""
     p.add_argument(
         "--kv-group-size",
         type=int,
         default=None,
-        help=f"with --kv-bits: entries per scale and zero point (default {DEFAULT_GROUP_SIZE})",
+        help=f"with --kv-bits: entries per scale and zero point (default {group_size_defaults()})",
     )
     p.add_argument(
         "--kv-residual",

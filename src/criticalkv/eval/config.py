@@ -59,7 +59,8 @@ class SweepConfig:
     #: storage precision of the compressed rows (``None``: the model's dtype); in the identity only when set
     kv_bits: int | None = None
     #: entries per quantization scale and zero point, and the newest tokens kept exact (``None``: the
-    #: cache's defaults, 32 and ``min(64, budget)``); need ``kv_bits``; in the identity only when set
+    #: cache's defaults: 32 at 8 bits, 64 at 4 bits, and ``min(64, budget)``); need ``kv_bits``; in the
+    #: identity only when set
     kv_group_size: int | None = None
     kv_residual: int | None = None
     #: hold each compressed cache at this many entries per KV head while it decodes and while the

@@ -15,7 +15,6 @@ from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.quant_spec import (
-    DEFAULT_GROUP_SIZE,
     bits_per_element,
     check_quantized_decode,
     quantization_for,
@@ -120,7 +119,7 @@ def generate(
     decode_budget: int | None = None,
     decode_interval: int = DEFAULT_INTERVAL,
     kv_bits: int = 16,
-    kv_group_size: int = DEFAULT_GROUP_SIZE,
+    kv_group_size: int | None = None,
     kv_residual: int | None = None,
     **generate_kwargs: Any,
 ) -> GenerationResult:
@@ -139,7 +138,8 @@ def generate(
     (:mod:`criticalkv.cache.decode_compression`); with ``budget=1.0`` only the decode budget compresses.
 
     ``kv_bits`` 8 or 4 stores the kept entries quantized (``kv_group_size`` entries a scale and zero
-    point, the last ``kv_residual`` appended tokens exact; :class:`~criticalkv.cache.quant_spec.KVQuantization`).
+    point, ``None``: 32 at 8 bits, 64 at 4 bits; the last ``kv_residual`` appended tokens exact;
+    :class:`~criticalkv.cache.quant_spec.KVQuantization`).
 
     Raises
     ------

@@ -1,0 +1,92 @@
+"""The per-bit-width default group size: 32 at 8 bits, 64 at 4 bits, everywhere a group can be left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+import criticalkv as ckv
+from criticalkv.bench.config import BenchConfig
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZES, KVQuantization, default_group_size, quantization_for
+from criticalkv.cli import build_parser
+from criticalkv.eval.config import SweepConfig
+from criticalkv.runtime.forward import append_tokens, prefill_into
+from tests.conftest import VOCAB, make_tiny
+
+
+@pytest.fixture(scope="module")
+def model() -> PreTrainedModel:
+    return ckv.attach(make_tiny("llama"))  # head_dim 16: groups 32 and 64 are multiples of it
+
+
+def test_each_bit_width_has_its_default() -> None:
+    assert DEFAULT_GROUP_SIZES == {8: 32, 4: 64}
+    assert (default_group_size(8), default_group_size(4)) == (32, 64)
+    assert KVQuantization(8).group_size == 32 and KVQuantization(4).group_size == 64
+    spec8, spec4 = quantization_for(8), quantization_for(4)
+    assert spec8 is not None and spec8.group_size == 32
+    assert spec4 is not None and spec4.group_size == 64
+
+
+def test_the_default_and_the_same_group_given_are_one_spec() -> None:
+    assert KVQuantization(8) == KVQuantization(8, 32) and hash(KVQuantization(8)) == hash(KVQuantization(8, 32))
+    assert KVQuantization(8) != KVQuantization(8, 64)
+    assert KVQuantization(4, 32).group_size == 32  # an explicit group is kept
+    assert quantization_for(8, None, 4) == KVQuantization(8, 32, 4)
+
+
+@pytest.mark.parametrize("bits", [16, 2, True])
+def test_no_default_for_other_widths(bits: int) -> None:
+    with pytest.raises(ValueError, match="8 or 4 bits"):
+        default_group_size(bits)
+
+
+def _help(command: str) -> str:
+    parser = build_parser()
+    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        choices = getattr(action, "choices", None) or {}
+        if command in choices:
+            return str(choices[command].format_help())
+    raise AssertionError(f"no {command} subcommand")
+
+
+@pytest.mark.parametrize("command", ["eval", "bench", "generate"])
+def test_help_says_the_real_defaults(command: str) -> None:
+    text = " ".join(_help(command).split())
+    assert "zero point (default 32 at 8 bits, 64 at 4 bits)" in text
+
+
+def test_bench_storage_resolves_the_default() -> None:
+    common: dict[str, object] = dict(context_lengths=[96], methods=["snapkv"], budgets=[0.5], window=8, kvpress="off")
+    assert BenchConfig(kv_bits=8, **common).storage == (8, 32, None)  # type: ignore[arg-type]
+    assert BenchConfig(kv_bits=4, **common).storage == (4, 64, None)  # type: ignore[arg-type]
+    assert BenchConfig(kv_bits=8, kv_group_size=16, **common).storage == (8, 16, None)  # type: ignore[arg-type]
+
+
+def test_sweep_identity_unchanged_by_the_new_default(tmp_path: Path) -> None:
+    """Left out, the group is not in the identity (folders made before resume); given, it is, as before."""
+    common: dict[str, object] = dict(tasks=["niah_single_1"], methods=["full", "snapkv"], budgets=[0.2], kv_bits=8)
+    default = SweepConfig(out=tmp_path / "a", **common)  # type: ignore[arg-type]
+    assert "kv_group_size" not in default.identity() and default.quantization_options() == {}
+    given = SweepConfig(out=tmp_path / "b", kv_group_size=32, **common)  # type: ignore[arg-type]
+    assert given.identity()["kv_group_size"] == 32
+
+
+@torch.no_grad()
+def test_cache_default_stores_as_the_explicit_group(model: PreTrainedModel) -> None:
+    """An 8-bit cache left at the default holds exactly the bytes and logits of one given group 32."""
+    ids = torch.randint(3, VOCAB, (1, 90), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    results = {}
+    for group in (None, 32, 64):
+        cache = ckv.CompressedCache.for_model(model, "snapkv", 0.5, window=8, kv_bits=8, kv_group_size=group)
+        logits = prefill_into(model, cache, ids, mask)
+        step = append_tokens(model, cache, mask, ids[:, -1:])[0].logits
+        assert cache.quantization is not None
+        results[group] = (cache.quantization.group_size, cache.kv_bytes(), logits, step)
+    assert results[None][0] == 32 and results[64][0] == 64
+    assert results[None][1] == results[32][1] != results[64][1]
+    torch.testing.assert_close(results[None][3], results[32][3], rtol=0, atol=0)
