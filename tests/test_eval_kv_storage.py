@@ -1,5 +1,6 @@
 """``criticalkv eval --kv-bits --kv-group-size --kv-residual``: the storage options reach every
-compressed row, enter the sweep identity only when set, and bad values are refused with a sentence."""
+compressed row, enter the sweep identity (the group in effect whenever kv_bits is set, the residual
+when set), and bad values are refused with a sentence."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from tests.tiny_tokenizer import char_tokenizer
 COMMON = {"tasks": ["niah_single_1"], "lengths": [256], "samples": 1, "model": "tiny"}
 
 
-def test_group_size_and_residual_enter_the_identity_only_when_set(tmp_path: Path) -> None:
+def test_the_group_in_effect_and_a_given_residual_enter_the_identity(tmp_path: Path) -> None:
     four = SweepConfig(out=tmp_path / "a", kv_bits=4, **COMMON)  # type: ignore[arg-type]
-    assert "kv_group_size" not in four.identity() and "kv_residual" not in four.identity()  # old folders resume
+    # the default group is recorded (defaults changed over time); the residual only when given
+    assert four.identity()["kv_group_size"] == 64 and "kv_residual" not in four.identity()
     assert "kv_group_size" not in four.to_json() and "kv_residual" not in four.to_json()
     grouped = SweepConfig(out=tmp_path / "b", kv_bits=4, kv_group_size=8, kv_residual=4, **COMMON)  # type: ignore[arg-type]
     assert (grouped.identity()["kv_group_size"], grouped.identity()["kv_residual"]) == (8, 4)
@@ -44,7 +46,7 @@ def test_bad_storage_options_are_refused(tmp_path: Path, changes: dict[str, obje
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-model-kv")
-    make_tiny("llama").save_pretrained(folder)  # head_dim 16: the default group of 32 does not fit
+    make_tiny("llama").save_pretrained(folder)  # head_dim 16
     char_tokenizer().save_pretrained(folder)
     return folder
 

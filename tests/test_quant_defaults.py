@@ -66,13 +66,29 @@ def test_bench_storage_resolves_the_default() -> None:
     assert BenchConfig(kv_bits=8, kv_group_size=16, **common).storage == (8, 16, None)  # type: ignore[arg-type]
 
 
-def test_sweep_identity_unchanged_by_the_new_default(tmp_path: Path) -> None:
-    """Left out, the group is not in the identity (folders made before resume); given, it is, as before."""
-    common: dict[str, object] = dict(tasks=["niah_single_1"], methods=["full", "snapkv"], budgets=[0.2], kv_bits=8)
-    default = SweepConfig(out=tmp_path / "a", **common)  # type: ignore[arg-type]
-    assert "kv_group_size" not in default.identity() and default.quantization_options() == {}
-    given = SweepConfig(out=tmp_path / "b", kv_group_size=32, **common)  # type: ignore[arg-type]
-    assert given.identity()["kv_group_size"] == 32
+def test_sweep_identity_records_the_group_in_effect(tmp_path: Path) -> None:
+    """Left out, the identity records the bit width's default; given, the group given."""
+    common: dict[str, object] = dict(tasks=["niah_single_1"], methods=["full", "snapkv"], budgets=[0.2])
+    default = SweepConfig(out=tmp_path / "a", kv_bits=8, **common)  # type: ignore[arg-type]
+    assert default.identity()["kv_group_size"] == 32 and default.quantization_options() == {}
+    assert SweepConfig(out=tmp_path / "b", kv_bits=4, **common).identity()["kv_group_size"] == 64  # type: ignore[arg-type]
+    given = SweepConfig(out=tmp_path / "c", kv_bits=8, kv_group_size=64, **common)  # type: ignore[arg-type]
+    assert given.identity()["kv_group_size"] == 64
+    assert "kv_group_size" not in SweepConfig(out=tmp_path / "d", **common).identity()  # type: ignore[arg-type]
+
+
+def test_a_folder_made_under_an_older_default_does_not_resume(tmp_path: Path) -> None:
+    """An 8-bit folder recorded without a group (made when the default was 64) is refused, not mixed."""
+    from criticalkv.eval.store import LAYOUT
+    from criticalkv.runs.folder import open_folder
+
+    config = SweepConfig(out=tmp_path, tasks=["niah_single_1"], methods=["snapkv"], budgets=[0.2], kv_bits=8)
+    older = {k: v for k, v in config.identity().items() if k != "kv_group_size"}
+    open_folder(tmp_path, LAYOUT, older)
+    with pytest.raises(ValueError, match=r"kv_group_size: None there, 32 now.*use another --out"):
+        open_folder(tmp_path, LAYOUT, config.identity())
+    open_folder(tmp_path / "same", LAYOUT, config.identity())
+    open_folder(tmp_path / "same", LAYOUT, config.identity())  # the same grouping resumes
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from typing import Any
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
 from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quant_spec import quantization_for
+from criticalkv.cache.quant_spec import default_group_size, quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import LAYOUT
@@ -155,9 +155,12 @@ class SweepConfig:
             identity["norm_precision"] = self.norm_precision
         if self.kv_bits is not None:
             identity["kv_bits"] = self.kv_bits
-        for name in ("kv_group_size", "kv_residual"):
-            if getattr(self, name) is not None:
-                identity[name] = getattr(self, name)
+            # the group in effect, given or the bit width's default: defaults have changed (8 bits:
+            # 64 then 32), so a folder recorded without it never resumes under another grouping
+            group = self.kv_group_size
+            identity["kv_group_size"] = default_group_size(self.kv_bits) if group is None else group
+        if self.kv_residual is not None:
+            identity["kv_residual"] = self.kv_residual
         if self.decode_budget is not None:  # likewise: a decode budget is another run
             identity["decode_budget"], identity["decode_interval"] = self.decode_budget, self.decode_interval
         if self.head_scores is not None:
