@@ -26,16 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.methods import bind, get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, input_device, prefill_into
+from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat_prompt
+from criticalkv.serve.compress import check_methods, compress
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
-from criticalkv.serve.row_memory import held_bytes, tail_reserve, token_bytes
+from criticalkv.serve.row_memory import answer_reserve, held_bytes, token_bytes
 from criticalkv.serve.session import Channel, ChatWork, Session
 from criticalkv.serve.store import ContextStore
 
@@ -57,15 +54,22 @@ class Job:
 
 
 class Engine:
-    """Model work for the server: stored contexts, chat sessions, the worker thread."""
+    """Model work for the server: stored contexts, chat sessions, the worker thread.
+
+    Raises ``ValueError`` up front if the storage options do not suit ``model`` or a served
+    method cannot be bound to it (``headkv`` without head scores for it).
+    """
 
     def __init__(self, model: Any, tokenizer: Any, config: ServerConfig) -> None:
+        self.quantization = config.quantization(model.config)
+        check_methods(model, config.allowed_methods())
         attach(model)
         self.model: Any = model
         self.tokenizer = tokenizer
         self.tokenizer_lock = threading.Lock()
         self.config = config
         self.eos = eos_ids(model, tokenizer)
+        self.repeat = repeat_prompt(tokenizer)  # KVzip's reconstruction pass (contexts are encoded as chat)
         self._tempdir = None if config.store else tempfile.TemporaryDirectory(prefix="criticalkv-store-")
         folder = Path(config.store) if config.store else Path(self._tempdir.name)  # type: ignore[union-attr]
         self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
@@ -166,7 +170,7 @@ class Engine:
         if work.context_id is not None:
             with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
                 context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
-        reserve = tail_reserve(self.token_bytes, len(work.prompt_ids) + work.max_tokens)
+        reserve = answer_reserve(self.model, self.quantization, work, self.token_bytes)
         self._submit(Job(job, work.context_id, context_bytes, reserve), channel)
 
     def _submit(self, job: Job, channel: Channel) -> None:
@@ -185,13 +189,8 @@ class Engine:
 
         self._jobs.put(dataclasses.replace(job, run=guarded))
 
-    @torch.no_grad()
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
-        cache = CompressedCache(
-            self.model.config.num_hidden_layers, bind(get_method(method), self.model), budget, window
-        )
-        tensor = torch.tensor([ids], dtype=torch.long, device=input_device(self.model))
-        prefill_into(self.model, cache, tensor, torch.ones_like(tensor))
+        cache, _ = compress(self.model, ids, method, budget, window, self.quantization, self.repeat)
         return self.store.add(cache, len(ids), method, budget, window)
 
     # --- the worker ---------------------------------------------------------------------------
