@@ -1,14 +1,15 @@
-"""The engine: the model, the context store and the one worker thread that does all model work.
+"""The engine: the model, the context store, the decode worker and the compression thread.
 
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
-a worker thread, so the event loop never waits on the model. The worker batches continuously:
+worker threads, so the event loop never waits on the model. A posted document is compressed on
+the compression thread (:class:`~criticalkv.serve.compressor.Compressor`), beside the decode
+steps, so it does not stall the answers being decoded. The decode worker batches continuously:
 between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
-being decoded (compressing a context, a prompt's prefill and first token, or a fork of a stored
-context: the questions of every answer on a stored context that starts in the same step are
-appended in one batched forward, :func:`criticalkv.runtime.append_rows`, which gives their
-first tokens), drops
-the answers that finished or whose client went away (freeing their forks), and then advances
-every remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
+being decoded (a prompt's prefill and first token, or a fork of a stored context: the questions
+of every answer on a stored context that starts in the same step are appended in one batched
+forward, :func:`criticalkv.runtime.append_rows`, which gives their first tokens), drops the
+answers that finished or whose client went away (freeing their forks), and then advances every
+remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
 the rows may come from different contexts, lengths, methods and budgets, and each decodes
 exactly as it would alone. A long answer does not hold back the first token of a new one.
 """
@@ -29,6 +30,7 @@ from typing import Any
 from criticalkv.prompts import encode_pair
 from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat_prompt
 from criticalkv.serve.compress import check_methods, compress
+from criticalkv.serve.compressor import Compressor
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
@@ -83,14 +85,17 @@ class Engine:
         self._active: list[Session] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="criticalkv-worker", daemon=True)
+        self.compressor = Compressor()  # posted documents, compressed beside the decode steps
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         if not self._thread.is_alive():
             self._thread.start()
+        self.compressor.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.compressor.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         if self._tempdir is not None:
@@ -133,7 +138,7 @@ class Engine:
             self._admitted -= 1
 
     def queue_depth(self) -> int:
-        return self._jobs.qsize() + (self._waiting is not None)
+        return self._jobs.qsize() + (self._waiting is not None) + self.compressor.pending()
 
     def active(self) -> int:
         return len(self._active)
@@ -149,7 +154,7 @@ class Engine:
             finally:
                 self._release()
 
-        self._submit(Job(job), channel)
+        self.compressor.submit(self._guard(Job(job), channel).run)  # beside the decode steps
 
     def submit_chat(self, work: ChatWork, channel: Channel) -> None:
         """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -174,6 +179,11 @@ class Engine:
         self._submit(Job(job, work.context_id, context_bytes, reserve), channel)
 
     def _submit(self, job: Job, channel: Channel) -> None:
+        self._jobs.put(self._guard(job, channel))
+
+    def _guard(self, job: Job, channel: Channel) -> Job:
+        """``job`` answering its errors on ``channel`` (an APIError as is, anything else a 500)."""
+
         def guarded() -> Session | None:
             try:
                 session = job.run()
@@ -187,7 +197,7 @@ class Engine:
                 channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
             return None
 
-        self._jobs.put(dataclasses.replace(job, run=guarded))
+        return dataclasses.replace(job, run=guarded)
 
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
         cache, _ = compress(self.model, ids, method, budget, window, self.quantization, self.repeat)
