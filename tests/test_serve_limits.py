@@ -53,7 +53,7 @@ def test_a_prompt_too_short_for_its_budget_answers_400(server: tuple[str, Engine
     body = chat(url, "Hi")
     assert (body["param"], body["code"]) == ("messages", "context_too_short")
     assert "10 tokens" in body["message"] and "window" in body["message"]
-    # shorter than the window: still refused at a budget below 1 (the window would be the whole prompt)
+    # 9 tokens: 3 entries per head
     assert chat(url, "H")["param"] == "messages"
     # the parameter the request set is named: a budget that keeps fewer than the window ...
     assert chat(url, document(1, 30), budget=0.2)["param"] == "budget"  # 38 tokens: 7 < 8
