@@ -18,6 +18,7 @@ and a rerun with the same ``--out`` reuses them and skips the measurements alrea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -47,12 +48,14 @@ def document(i: int, words: int) -> tuple[str, str]:
     return " ".join([*text[:middle], needle, *text[middle:]]), needle_question(QUESTION_KEY.format(i=i))
 
 
-def start_server(port: int, store: Path, method: str, budget: float, cap_mib: float, args: argparse.Namespace) -> Any:
+def start_server(port: int, store: Path, method: str, budget: float, bits: int, args: argparse.Namespace) -> Any:
+    cap_mib = args.memory_cap_mib
     command = [
         sys.executable, "-m", "criticalkv.cli", "serve", "--model", "default", "--method", method,
         "--budget", str(budget), "--window", str(args.window), "--memory-cap", str(cap_mib),
         "--max-batch", str(args.max_batch), "--max-sessions", str(4 * args.max_batch),
         "--max-new-tokens", str(args.max_tokens), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
+        "--kv-bits", str(bits),
     ]  # fmt: skip
     server = subprocess.Popen(command, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 600
@@ -143,35 +146,40 @@ def done_keys(path: Path) -> set[tuple[Any, ...]]:
         for line in path.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                keys.add((r["kind"], r["method"], r["budget"], r.get("words"), r.get("clients"), r.get("repeat")))
+                keys.add((r["kind"], r["method"], r["budget"], r.get("kv_bits", 16), r.get("words"), r.get("clients"),
+                          r.get("repeat")))  # fmt: skip
     return keys
 
 
-def contexts_record(path: Path, method: str, budget: float) -> dict[str, Any] | None:
+def contexts_record(path: Path, method: str, budget: float, bits: int) -> dict[str, Any] | None:
     if not path.exists():
         return None
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    found = [r for r in records if r["kind"] == "contexts" and (r["method"], r["budget"]) == (method, budget)]
+    found = [
+        r
+        for r in records
+        if r["kind"] == "contexts" and (r["method"], r["budget"], r.get("kv_bits", 16)) == (method, budget, bits)
+    ]
     return found[-1] if found else None
 
 
 class Target:
     """One configuration's server, its stored documents and the fields of its records."""
 
-    def __init__(self, method: str, budget: float, port: int, args: argparse.Namespace) -> None:
-        self.method, self.budget, self.args = method, budget, args
+    def __init__(self, method: str, budget: float, bits: int, port: int, args: argparse.Namespace) -> None:
+        self.method, self.budget, self.bits, self.args = method, budget, bits, args
         root = Path(args.store_root) if args.store_root else Path(tempfile.mkdtemp(prefix="criticalkv-load-"))
-        self.store = root / f"{method}-{budget}"
-        self.server = start_server(port, self.store, method, budget, args.memory_cap_mib, args)
+        self.store = root / (f"{method}-{budget}" + ("" if bits == 16 else f"-{bits}bit"))
+        self.server = start_server(port, self.store, method, budget, bits, args)
         self.url = f"http://127.0.0.1:{port}"
         self.base = {"method": method, "budget": budget, "memory_cap_mib": args.memory_cap_mib,
-                     "window": args.window, "words": args.words}  # fmt: skip
+                     "window": args.window, "words": args.words, "kv_bits": bits}  # fmt: skip
         self.docs = [document(i, args.words) for i in range(args.documents)]
         self.ids: list[str] = []
 
     def create(self, out: Any, lock: threading.Lock) -> None:
         """Store the documents, or find them stored by an earlier run of the same ``--out``."""
-        old = contexts_record(self.args.out, self.method, self.budget)
+        old = contexts_record(self.args.out, self.method, self.budget, self.bits)
         ids = old["ids"] if old is not None and old.get("words") == self.args.words else []
         if len(ids) == len(self.docs) and all(
             httpx.get(f"{self.url}/v1/contexts/{i}", timeout=60).status_code == 200 for i in ids
@@ -212,6 +220,38 @@ class Target:
         fresh = first_token(self.url, question, None, content=text + "\n\n")
         write(out, lock, {**self.base, "kind": "ttft", "repeat": repeat, "stored_s": stored, "compress_anew_s": fresh})
 
+    def stall(self, out: Any, lock: threading.Lock) -> None:
+        """The longest gap between the streamed tokens of an answer while a new document of
+        ``--stall-words`` words is posted (compressed) after its first token."""
+        text, _ = document(self.args.documents, self.args.stall_words)
+        body = {"model": "default", "messages": [{"role": "user", "content": self.docs[0][1]}],
+                "max_tokens": self.args.max_tokens, "stream": True, "context_id": self.ids[0]}  # fmt: skip
+        times: list[float] = []
+        posted: dict[str, Any] = {}
+
+        def post() -> None:
+            started = time.perf_counter()
+            info = httpx.post(self.url + "/v1/contexts", json={"text": text}, timeout=7200).json()
+            posted.update(tokens=info["tokens"], post_s=time.perf_counter() - started, started=started)
+
+        poster = threading.Thread(target=post)
+        with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=7200) as response:
+            for line in response.iter_lines():
+                if (
+                    line.startswith("data: ")
+                    and line != "data: [DONE]"
+                    and json.loads(line[6:])["choices"][0]["delta"].get("content")
+                ):
+                    times.append(time.perf_counter())
+                    if len(times) == 1:
+                        poster.start()
+        poster.join()
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        write(out, lock, {**self.base, "kind": "stall", "streamed_tokens": len(times),
+                          "max_gap_s": max(gaps, default=0.0), "gaps_s": gaps, "document_tokens": posted["tokens"],
+                          "post_s": posted["post_s"],
+                          "post_after_first_token_s": posted["started"] - times[0]})  # fmt: skip
+
     def stop(self) -> None:
         self.server.terminate()
         self.server.wait(timeout=60)
@@ -230,8 +270,10 @@ def measure(args: argparse.Namespace, out: Any) -> None:
     """Every configuration's server side by side; contexts created concurrently, then each
     measurement for every configuration in turn."""
     lock = threading.Lock()
-    configs = [(m, float(b)) for m, b in (c.split(":") for c in args.configs.split(","))]
-    targets = [Target(m, b, args.port + k, args) for k, (m, b) in enumerate(configs)]
+    configs = [
+        (p[0], float(p[1]), int(p[2]) if len(p) > 2 else 16) for p in (c.split(":") for c in args.configs.split(","))
+    ]
+    targets = [Target(m, b, bits, args.port + k, args) for k, (m, b, bits) in enumerate(configs)]
     try:
         threads = [threading.Thread(target=t.create, args=(out, lock)) for t in targets]
         for thread in threads:
@@ -242,12 +284,15 @@ def measure(args: argparse.Namespace, out: Any) -> None:
         for n in args.clients:
             for repeat in range(args.repeats):
                 for t in targets:
-                    if ("burst", t.method, t.budget, args.words, n, repeat) not in done:
+                    if ("burst", t.method, t.budget, t.bits, args.words, n, repeat) not in done:
                         t.burst(n, repeat, out, lock)
         for repeat in range(args.ttft_repeats):
             for t in targets:
-                if ("ttft", t.method, t.budget, args.words, None, repeat) not in done:
+                if ("ttft", t.method, t.budget, t.bits, args.words, None, repeat) not in done:
                     t.ttft(repeat, out, lock)
+        if args.stall_words and ("stall", targets[0].method, targets[0].budget, targets[0].bits, args.words, None,
+                                 None) not in done:  # fmt: skip
+            targets[0].stall(out, lock)
     finally:
         for t in targets:
             t.stop()
@@ -256,11 +301,11 @@ def measure(args: argparse.Namespace, out: Any) -> None:
 def report(path: Path) -> str:
     """Markdown tables of the measurements in ``path`` (medians over repeats)."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    head = "| method | budget | tokens per context | KV bytes per context | sessions that fit the cap | create s |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = "| method | budget | kv bits | tokens per context | KV bytes per context | sessions that fit the cap | create s |"  # noqa: E501
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for r in (r for r in records if r["kind"] == "contexts"):
-        lines.append(f"| {r['method']} | {r['budget']} | {r['tokens']} | {r['kv_bytes']:,} | {r['sessions_fit']} | "
-                     f"{r['create_s']} |")  # fmt: skip
+        lines.append(f"| {r['method']} | {r['budget']} | {r.get('kv_bits', 16)} | {r['tokens']} | {r['kv_bytes']:,} | "
+                     f"{r['sessions_fit']} | {r['create_s']} |")  # fmt: skip
     lines += ["", "| method | budget | N clients | aggregate tokens/s (each repeat) | median | burst wall s | "
               "tokens | mean TTFT s | most rows in one step / one start (server so far) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -278,6 +323,11 @@ def report(path: Path) -> str:
               "|---|---|---|---|"]  # fmt: skip
     for r in (r for r in records if r["kind"] == "ttft"):
         lines.append(f"| {r['method']} | {r['budget']} | {r['stored_s']:.2f} | {r['compress_anew_s']:.2f} |")
+    lines += ["", "| method | budget | kv bits | document tokens posted | its POST s | streamed tokens | longest gap s |",  # noqa: E501
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in (r for r in records if r["kind"] == "stall"):
+        lines.append(f"| {r['method']} | {r['budget']} | {r['kv_bits']} | {r['document_tokens']} | {r['post_s']:.1f} | "
+                     f"{r['streamed_tokens']} | {r['max_gap_s']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -285,8 +335,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", action="store_true", help="print markdown tables of --out and exit")
-    parser.add_argument("--configs", default="full:1.0,critical-adakv:0.2", help="method:budget,...")
-    parser.add_argument("--clients", default="1,4,8", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--configs", default="full:1.0,critical-adakv:0.2", help="method:budget[:kv_bits],...")
+    parser.add_argument("--clients", default="1,4,8", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--words", type=int, default=3000, help="words per document (about 4K tokens)")
     parser.add_argument("--memory-cap-mib", type=float, default=480.0)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -297,13 +347,19 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=None, help="distinct documents (default: the most clients)")
     parser.add_argument("--ttft-repeats", type=int, default=1)
     parser.add_argument("--store-root", default=None, help="keep the stores here (a rerun reuses them)")
+    parser.add_argument(
+        "--stall-words",
+        type=int,
+        default=0,
+        help="post a document of this many words while an answer streams (the first config's)",
+    )
     args = parser.parse_args()
     if args.report:
         print(report(args.out))
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.documents is None:
-        args.documents = max(args.clients)
+        args.documents = max(args.clients, default=1)
     with args.out.open("a") as out:
         measure(args, out)
 

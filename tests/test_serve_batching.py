@@ -141,3 +141,39 @@ def test_max_batch_must_be_positive(tmp_path: Path) -> None:
     from criticalkv.cli import main
 
     assert main(["serve", "--max-batch", "0", "--store", str(tmp_path)]) == 2
+
+
+def test_a_document_being_compressed_does_not_stall_the_rows(
+    server: tuple[str, Engine], reference: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A posted document is compressed on its own thread: held there (until released), it lets an
+    answer on a stored context decode to its end; the document is stored once released."""
+    url, engine = server
+    text = document(60)
+    context_id = create(url, text)["id"]
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+    compress = engine._compress
+
+    def held(*args: object) -> object:
+        entered.set()
+        release.wait(timeout=120)  # bounded: a worker that waited for it would answer after this
+        try:
+            return compress(*args)
+        finally:
+            returned.set()
+
+    monkeypatch.setattr(engine, "_compress", held)
+    posted: dict[str, httpx.Response] = {}
+    poster = threading.Thread(
+        target=lambda: posted.update(r=httpx.post(url + "/v1/contexts", json={"text": document(61)}, timeout=180))
+    )
+    poster.start()
+    try:
+        assert entered.wait(timeout=60)  # the compression has started and is held
+        assert metric(httpx.get(url + "/metrics").text, "criticalkv_queue_depth") >= 1
+        assert ask(url, context_id, QUESTIONS[0], stream=True) == expected(reference, text, QUESTIONS[0])
+        assert not returned.is_set()  # answered while the document's compression was still held
+    finally:
+        release.set()
+        poster.join(timeout=180)
+    assert posted["r"].status_code == 200 and engine.store.has(posted["r"].json()["id"])

@@ -56,7 +56,7 @@ def group_size_defaults() -> str:
 
 
 def add_storage_arguments(p: argparse.ArgumentParser) -> None:
-    """``--kv-group-size`` and ``--kv-residual``: how ``--kv-bits`` quantizes (eval, bench)."""
+    """``--kv-group-size`` and ``--kv-residual``: how ``--kv-bits`` quantizes (eval, bench, serve)."""
     p.add_argument(
         "--kv-group-size",
         type=int,
@@ -69,6 +69,13 @@ def add_storage_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"with --kv-bits: newest tokens kept exact (default min({DEFAULT_RESIDUAL}, budget))",
     )
+
+
+def storage_flag_names(message: str) -> str:
+    """A library message with the storage options spelled as the command line does (``--kv-bits``)."""
+    for name in ("kv_group_size", "kv_residual", "kv_bits"):
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    return message
 
 
 def add_head_scores_argument(p: argparse.ArgumentParser) -> None:

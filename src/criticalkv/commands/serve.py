@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
+from criticalkv.commands.inputs import add_storage_arguments, storage_flag_names
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
@@ -31,6 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
     p.add_argument("--max-batch", type=int, default=8, help="answers decoded at once as one batch (per replica)")
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[16, 8, 4],
+        default=16,
+        help="store every compressed context and answer cache in 8 or 4 bits (server-wide)",
+    )
+    add_storage_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
@@ -59,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be at least 1")
     if args.memory_cap <= 0:
         raise UsageError("--memory-cap must be a positive number of MiB")
+    if args.kv_bits == 16 and (args.kv_group_size is not None or args.kv_residual is not None):
+        raise UsageError("--kv-group-size and --kv-residual set how --kv-bits quantizes: give --kv-bits 8 or 4 too")
     config = ServerConfig(
         model_name=args.model,
         method=args.method,
@@ -73,11 +85,17 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         store=args.store,
         api_key=api_key,
+        kv_bits=args.kv_bits,
+        kv_group_size=DEFAULT_GROUP_SIZE if args.kv_group_size is None else args.kv_group_size,
+        kv_residual=args.kv_residual,
     )
     try:
         config.compression(None, None, None)  # the defaults must lie within the limits
+        config.quantization()  # and the storage options must be valid (the head dimension is checked at load)
     except APIError as error:
         raise UsageError(error.message) from error
+    except ValueError as error:
+        raise UsageError(storage_flag_names(str(error))) from error
     if args.ray:
         return _run_on_ray(args, config)
     import uvicorn
@@ -85,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.models import load_model
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
-    engine = Engine(model, tokenizer, config)
+    try:
+        engine = Engine(model, tokenizer, config)
+    except ValueError as error:  # a group size that does not divide the head dimension, headkv without scores
+        raise UsageError(storage_flag_names(str(error))) from error
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0

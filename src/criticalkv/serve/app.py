@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from criticalkv.serve.chat import answer
+from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.schemas import ChatRequest, ContextCreate
@@ -102,6 +103,8 @@ def build_app(engine: Engine) -> FastAPI:
                 "text",
                 "context_length_exceeded",
             )
+        at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "text"
+        check_compressible(len(ids), budget, window, engine.quantization, "document", at_fault)
         engine.admit()
         channel = Channel(asyncio.get_running_loop())
         engine.submit_context(ids, method, budget, window, channel)

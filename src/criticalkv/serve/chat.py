@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
 from criticalkv.serve.schemas import ChatRequest
@@ -85,6 +86,9 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
     if len(ids) + max_tokens > engine.max_positions:
         raise _too_long(len(ids) + max_tokens, engine.max_positions)
+    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "messages"
+    window = min(window, len(ids))  # a prompt within the window is kept whole (at budget 1)
+    check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
     return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted)
 
 

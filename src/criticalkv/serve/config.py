@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, KVQuantization, quantization_for
 from criticalkv.serve.errors import invalid
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -36,10 +37,18 @@ class ServerConfig:
     max_sessions: int = 16
     max_batch: int = 8
     store: Path | None = None
+    kv_bits: int = 16
+    kv_group_size: int = DEFAULT_GROUP_SIZE
+    kv_residual: int | None = None
     api_key: str | None = field(default=None, repr=False)
 
     def allowed_methods(self) -> tuple[str, ...]:
         return (self.method, *[m for m in self.methods if m != self.method])
+
+    def quantization(self, model_config: object = None) -> KVQuantization | None:
+        """The storage precision (``None``: the model's dtype); a ``ValueError`` saying what to
+        change if the options are invalid (for ``model_config``'s head dimension, when given)."""
+        return quantization_for(self.kv_bits, self.kv_group_size, self.kv_residual, config=model_config)
 
     def compression(self, method: str | None, budget: float | None, window: int | None) -> tuple[str, float, int]:
         """A request's (method, budget, window), defaults filled in; a 400 when out of the limits."""

@@ -1,14 +1,15 @@
-"""The engine: the model, the context store and the one worker thread that does all model work.
+"""The engine: the model, the context store, the decode worker and the compression thread.
 
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
-a worker thread, so the event loop never waits on the model. The worker batches continuously:
+worker threads, so the event loop never waits on the model. A posted document is compressed on
+the compression thread (:class:`~criticalkv.serve.compressor.Compressor`), beside the decode
+steps, so it does not stall the answers being decoded. The decode worker batches continuously:
 between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
-being decoded (compressing a context, a prompt's prefill and first token, or a fork of a stored
-context: the questions of every answer on a stored context that starts in the same step are
-appended in one batched forward, :func:`criticalkv.runtime.append_rows`, which gives their
-first tokens), drops
-the answers that finished or whose client went away (freeing their forks), and then advances
-every remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
+being decoded (a prompt's prefill and first token, or a fork of a stored context: the questions
+of every answer on a stored context that starts in the same step are appended in one batched
+forward, :func:`criticalkv.runtime.append_rows`, which gives their first tokens), drops the
+answers that finished or whose client went away (freeing their forks), and then advances every
+remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
 the rows may come from different contexts, lengths, methods and budgets, and each decodes
 exactly as it would alone. A long answer does not hold back the first token of a new one.
 """
@@ -26,16 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.methods import bind, get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, input_device, prefill_into
+from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat_prompt
+from criticalkv.serve.compress import check_methods, compress
+from criticalkv.serve.compressor import Compressor
 from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.metrics import Metrics
-from criticalkv.serve.row_memory import held_bytes, tail_reserve, token_bytes
+from criticalkv.serve.row_memory import answer_reserve, held_bytes, token_bytes
 from criticalkv.serve.session import Channel, ChatWork, Session
 from criticalkv.serve.store import ContextStore
 
@@ -57,15 +56,22 @@ class Job:
 
 
 class Engine:
-    """Model work for the server: stored contexts, chat sessions, the worker thread."""
+    """Model work for the server: stored contexts, chat sessions, the worker thread.
+
+    Raises ``ValueError`` up front if the storage options do not suit ``model`` or a served
+    method cannot be bound to it (``headkv`` without head scores for it).
+    """
 
     def __init__(self, model: Any, tokenizer: Any, config: ServerConfig) -> None:
+        self.quantization = config.quantization(model.config)
+        check_methods(model, config.allowed_methods())
         attach(model)
         self.model: Any = model
         self.tokenizer = tokenizer
         self.tokenizer_lock = threading.Lock()
         self.config = config
         self.eos = eos_ids(model, tokenizer)
+        self.repeat = repeat_prompt(tokenizer)  # KVzip's reconstruction pass (contexts are encoded as chat)
         self._tempdir = None if config.store else tempfile.TemporaryDirectory(prefix="criticalkv-store-")
         folder = Path(config.store) if config.store else Path(self._tempdir.name)  # type: ignore[union-attr]
         self.store = ContextStore(folder, config.memory_cap_bytes, model, tokenizer)
@@ -79,14 +85,17 @@ class Engine:
         self._active: list[Session] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="criticalkv-worker", daemon=True)
+        self.compressor = Compressor()  # posted documents, compressed beside the decode steps
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         if not self._thread.is_alive():
             self._thread.start()
+        self.compressor.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.compressor.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         if self._tempdir is not None:
@@ -129,7 +138,7 @@ class Engine:
             self._admitted -= 1
 
     def queue_depth(self) -> int:
-        return self._jobs.qsize() + (self._waiting is not None)
+        return self._jobs.qsize() + (self._waiting is not None) + self.compressor.pending()
 
     def active(self) -> int:
         return len(self._active)
@@ -145,7 +154,7 @@ class Engine:
             finally:
                 self._release()
 
-        self._submit(Job(job), channel)
+        self.compressor.submit(self._guard(Job(job), channel).run)  # beside the decode steps
 
     def submit_chat(self, work: ChatWork, channel: Channel) -> None:
         """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -166,10 +175,15 @@ class Engine:
         if work.context_id is not None:
             with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
                 context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
-        reserve = tail_reserve(self.token_bytes, len(work.prompt_ids) + work.max_tokens)
+        reserve = answer_reserve(self.model, self.quantization, work, self.token_bytes)
         self._submit(Job(job, work.context_id, context_bytes, reserve), channel)
 
     def _submit(self, job: Job, channel: Channel) -> None:
+        self._jobs.put(self._guard(job, channel))
+
+    def _guard(self, job: Job, channel: Channel) -> Job:
+        """``job`` answering its errors on ``channel`` (an APIError as is, anything else a 500)."""
+
         def guarded() -> Session | None:
             try:
                 session = job.run()
@@ -183,15 +197,10 @@ class Engine:
                 channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
             return None
 
-        self._jobs.put(dataclasses.replace(job, run=guarded))
+        return dataclasses.replace(job, run=guarded)
 
-    @torch.no_grad()
     def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
-        cache = CompressedCache(
-            self.model.config.num_hidden_layers, bind(get_method(method), self.model), budget, window
-        )
-        tensor = torch.tensor([ids], dtype=torch.long, device=input_device(self.model))
-        prefill_into(self.model, cache, tensor, torch.ones_like(tensor))
+        cache, _ = compress(self.model, ids, method, budget, window, self.quantization, self.repeat)
         return self.store.add(cache, len(ids), method, budget, window)
 
     # --- the worker ---------------------------------------------------------------------------

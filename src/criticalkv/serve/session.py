@@ -11,8 +11,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.methods import bind, get_method
-from criticalkv.runtime import input_device, prefill_into
+from criticalkv.serve.compress import compress
 
 
 class Channel:
@@ -92,11 +91,12 @@ class Session:
             self.context_bytes = stored.kv_bytes()
             self.question = work.prompt_ids
             return
-        ids = torch.tensor([work.prompt_ids], dtype=torch.long, device=input_device(model))
-        method = bind(get_method(work.method), model)
-        window = min(work.window, ids.shape[1])  # a prompt within the window is kept whole
-        self.cache = CompressedCache(model.config.num_hidden_layers, method, work.budget, window=window)
-        self.first(prefill_into(model, self.cache, ids, torch.ones_like(ids))[0])
+        window = min(work.window, len(work.prompt_ids))  # a prompt within the window is kept whole (at budget 1)
+        engine = self.engine
+        self.cache, logits = compress(
+            model, work.prompt_ids, work.method, work.budget, window, engine.quantization, engine.repeat
+        )
+        self.first(logits)
 
     def starting(self) -> bool:
         """Whether the question still has to be appended to the fork (a batched start)."""

@@ -44,6 +44,7 @@ class StoredContext:
     budget: float
     window: int
     created: int
+    kv_bits: int = 16  # the storage precision: 16, the model's dtype; 8 or 4, quantized
     cache: CompressedCache | None = None
 
     def info(self) -> dict[str, Any]:
@@ -55,6 +56,7 @@ class StoredContext:
             "method": self.method,
             "budget": self.budget,
             "window": self.window,
+            "kv_bits": self.kv_bits,
             "created": self.created,
             "in_memory": self.cache is not None,
         }
@@ -86,11 +88,13 @@ class ContextStore:
     def _read_entry(self, path: Path) -> StoredContext | None:
         """The context whose file is ``path`` (header only), or None if it is not a readable one."""
         try:
-            fields = read_header(path)["fields"]
+            header = read_header(path)
+            fields = header["fields"]
             return StoredContext(
                 **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
                 window=fields["window"],
                 created=fields["created"],
+                kv_bits=int((header.get("storage") or {}).get("kv_bits", 16)),
             )
         except FileNotFoundError:
             return None
@@ -155,8 +159,9 @@ class ContextStore:
                 param="text",
                 code="context_too_large",
             )
-        entry = StoredContext(new_id(), tokens, kv, method, budget, window, int(time.time()))
-        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory")}
+        bits = 16 if cache.quantization is None else cache.quantization.bits
+        entry = StoredContext(new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
+        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory", "kv_bits")}
         cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
         with self._lock:
             self._entries[entry.id] = entry

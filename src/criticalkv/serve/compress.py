@@ -1,0 +1,83 @@
+"""Compressing a context or a prompt for the server: the checks a request gets before any work,
+and the compression itself (KVzip's reconstruction pass included, quantized storage if set)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from criticalkv.budgets.resolve import resolve_budget
+from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache.quant_spec import KVQuantization, storage_options
+from criticalkv.methods import bind, get_method
+from criticalkv.runtime import RepeatPrompt, input_device, prefill, prefill_into
+from criticalkv.scores.queries import resolve_num_queries
+from criticalkv.serve.errors import invalid
+
+
+def check_compressible(
+    tokens: int, budget: float, window: int, quantization: KVQuantization | None, what: str, param: str
+) -> None:
+    """A 400 naming ``param`` unless ``tokens`` tokens (a ``what``: "document" or "prompt") can be
+    compressed at ``budget`` with an observation window of ``window`` tokens.
+
+    The window is always kept, so each head's budget (``floor(budget * tokens)`` entries) must hold
+    it; with quantized storage an explicit full-precision residual must fit in it too.
+    """
+    try:
+        per_head = int(resolve_budget(budget, torch.tensor([tokens]), window)[0])
+    except ValueError:
+        kept = max(1, math.floor(budget * tokens))
+        raise invalid(
+            f"the {what} has {tokens} tokens: at budget {budget} each head keeps {kept} entries, fewer than the "
+            f"observation window ({window} tokens), which is always kept; send a longer {what}, a larger budget "
+            "or a smaller window",
+            param,
+            "context_too_short",
+        ) from None
+    if quantization is not None and quantization.residual is not None and quantization.residual > per_head:
+        raise invalid(
+            f"this server keeps each head's newest {quantization.residual} tokens exact (--kv-residual), but the "
+            f"{what} ({tokens} tokens) keeps {per_head} entries per head at budget {budget}; send a longer {what} "
+            "or a larger budget",
+            param,
+            "context_too_short",
+        )
+
+
+def check_methods(model: Any, names: tuple[str, ...]) -> None:
+    """A ``ValueError`` saying what is missing unless every method in ``names`` can be bound to
+    ``model`` (e.g. ``headkv`` without head scores for it), before the server accepts requests."""
+    for name in names:
+        try:
+            bind(get_method(name), model)
+        except ValueError as error:
+            raise ValueError(f"method {name!r} cannot be served on this model: {error}") from error
+
+
+@torch.no_grad()
+def compress(
+    model: Any,
+    ids: list[int],
+    method: str,
+    budget: float,
+    window: int,
+    quantization: KVQuantization | None,
+    repeat: RepeatPrompt,
+) -> tuple[CompressedCache, torch.Tensor]:
+    """``ids`` (one row) compressed by ``method`` at ``budget``: the cache and the (V,) logits that
+    follow the last token. Methods that read a context-reconstruction pass (KVzip,
+    ``needs.reconstruction``) get one with ``repeat`` after a captured prefill, as
+    :func:`criticalkv.generate` runs it; the others compress during the prefill."""
+    bound = bind(get_method(method), model)
+    storage = storage_options(quantization)
+    tensor = torch.tensor([ids], dtype=torch.long, device=input_device(model))
+    mask = torch.ones_like(tensor)
+    if bound.needs.reconstruction:
+        queries = resolve_num_queries(bound.needs.queries, len(ids))
+        states, last = prefill(model, tensor, mask, window=window, num_queries=queries, reconstruction=repeat)
+        return CompressedCache.from_states(states, bound, budget, window=window, **storage), last[0]
+    cache = CompressedCache(model.config.num_hidden_layers, bound, budget, window=window, **storage)
+    return cache, prefill_into(model, cache, tensor, mask)[0]
