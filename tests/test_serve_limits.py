@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 import criticalkv
 from criticalkv import attach
@@ -46,21 +47,32 @@ def chat(url: str, content: str, **extra: object) -> dict:
     return refused(create_chat, model="tiny", messages=messages, max_tokens=MAX_NEW, extra_body=extra or None)
 
 
-def test_a_prompt_too_short_for_its_budget_answers_400(server: tuple[str, Engine]) -> None:
+def test_a_prompt_too_short_for_the_budget_it_sets_answers_400(server: tuple[str, Engine]) -> None:
     url, engine = server
     before = engine.store.stats()
-    # "Hi" + "\nAnswer:" is 10 tokens: floor(0.4 * 10) = 4 entries per head cannot hold the window of 8
-    body = chat(url, "Hi")
-    assert (body["param"], body["code"]) == ("messages", "context_too_short")
-    assert "10 tokens" in body["message"] and "window" in body["message"]
-    # 9 tokens: 3 entries per head
-    assert chat(url, "H")["param"] == "messages"
     # the parameter the request set is named: a budget that keeps fewer than the window ...
-    assert chat(url, document(1, 30), budget=0.2)["param"] == "budget"  # 38 tokens: 7 < 8
+    body = chat(url, document(1, 30), budget=0.2)  # 38 tokens: 7 < 8
+    assert (body["param"], body["code"]) == ("budget", "context_too_short")
+    assert "38 tokens" in body["message"] and "window" in body["message"]
     # ... or a window larger than what the budget keeps
     assert chat(url, document(1, 30), window=20)["param"] == "window"  # 38 tokens: 15 < 20
     assert engine.store.stats() == before
     assert engine.active() == 0 and engine.queue_depth() == 0 and engine._admitted == 0
+
+
+@pytest.mark.parametrize("content", ["Hi", "H"])
+def test_a_prompt_too_short_for_the_servers_defaults_is_kept_whole(server: tuple[str, Engine], content: str) -> None:
+    """ "Hi" + "\nAnswer:" is 10 tokens: floor(0.4 * 10) = 4 entries per head cannot hold the window
+    of 8, so at the server's defaults the prompt is kept whole: the answer is the full cache's."""
+    url, _ = server
+    model, tokenizer = attach(make_tiny("llama")), char_tokenizer()
+    reply = client(url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW
+    )
+    ids = torch.tensor([tokenizer(content + "\nAnswer:")["input_ids"]])
+    assert reply.usage is not None and reply.usage.prompt_tokens == ids.shape[1]
+    whole = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1] :]
+    assert reply.choices[0].message.content == tokenizer.decode(whole, skip_special_tokens=True)
 
 
 def test_a_short_prompt_kept_whole_at_budget_1_is_answered(server: tuple[str, Engine]) -> None:

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
 from criticalkv.commands.inputs import add_storage_arguments, storage_flag_names
 
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store,
         api_key=api_key,
         kv_bits=args.kv_bits,
-        kv_group_size=DEFAULT_GROUP_SIZE if args.kv_group_size is None else args.kv_group_size,
+        kv_group_size=args.kv_group_size,
         kv_residual=args.kv_residual,
     )
     try:

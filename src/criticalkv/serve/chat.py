@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from criticalkv.serve.compress import check_compressible
+from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
 from criticalkv.serve.schemas import ChatRequest
@@ -88,6 +88,11 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
         raise _too_long(len(ids) + max_tokens, engine.max_positions)
     at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "messages"
     window = min(window, len(ids))  # a prompt within the window is kept whole (at budget 1)
+    if at_fault == "messages" and not compressible(len(ids), budget, window, engine.quantization):
+        # too short to compress at the server's own defaults (a greeting, a short question): kept
+        # whole, which costs at most window / budget tokens; a budget or window the request set
+        # itself is refused below instead, with the reason
+        budget = 1.0
     check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
     return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted)
 

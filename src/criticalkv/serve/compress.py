@@ -17,6 +17,15 @@ from criticalkv.scores.queries import resolve_num_queries
 from criticalkv.serve.errors import invalid
 
 
+def compressible(tokens: int, budget: float, window: int, quantization: KVQuantization | None) -> bool:
+    """Whether :func:`check_compressible` accepts ``tokens`` tokens at ``budget`` and ``window``."""
+    try:
+        per_head = int(resolve_budget(budget, torch.tensor([tokens]), window)[0])
+    except ValueError:
+        return False
+    return quantization is None or quantization.residual is None or quantization.residual <= per_head
+
+
 def check_compressible(
     tokens: int, budget: float, window: int, quantization: KVQuantization | None, what: str, param: str
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from criticalkv.cache.quant_spec import DEFAULT_GROUP_SIZE, KVQuantization, quantization_for
+from criticalkv.cache.quant_spec import KVQuantization, quantization_for
 from criticalkv.serve.errors import invalid
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -38,7 +38,7 @@ class ServerConfig:
     max_batch: int = 8
     store: Path | None = None
     kv_bits: int = 16
-    kv_group_size: int = DEFAULT_GROUP_SIZE
+    kv_group_size: int | None = None  # None: the bit width's default (quant_spec.DEFAULT_GROUP_SIZES)
     kv_residual: int | None = None
     api_key: str | None = field(default=None, repr=False)
 
