@@ -32,18 +32,17 @@ def halves_of(t: torch.Tensor, halves: int) -> torch.Tensor:
 
 
 def gather(pool: PrefixPool, tile: Tile, values: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The tile's prefix slots from the pool: codes (n, slots, bytes), scale and zero point
-    (keys: (n, nbp, 1, d) per block; values: (n, slots, groups) per entry)."""
+    """The tile's prefix slots from the pool: codes (n, slots, bytes), scale and zero point as
+    float32 (keys: (n, nbp, 1, d) per block; values: (n, slots, groups) per entry)."""
     n = tile.last - tile.first
     if values:
         stats = (pool.value_scale, pool.value_zero)
         codes = pool.value_codes.index_select(0, tile.entry_rows).view(n, -1, pool.value_codes.shape[-1])
-        s, z = (t.index_select(0, tile.entry_rows).view(n, -1, t.shape[-1]) for t in stats)
+        s, z = (t.index_select(0, tile.entry_rows).view(n, -1, t.shape[-1]).float() for t in stats)
         return codes, s, z
     codes = pool.key_codes.index_select(0, tile.entry_rows).view(n, -1, pool.key_codes.shape[-1])
-    s, z = (
-        t.index_select(0, tile.block_rows).view(n, tile.nbp, 1, t.shape[-1]) for t in (pool.key_scale, pool.key_zero)
-    )
+    stats = (pool.key_scale, pool.key_zero)
+    s, z = (t.index_select(0, tile.block_rows).view(n, tile.nbp, 1, -1).float() for t in stats)
     return codes, s, z
 
 
