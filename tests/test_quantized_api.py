@@ -187,9 +187,9 @@ def test_attention_dequantizes_tile_by_tile(model: PreTrainedModel, monkeypatch:
     spans: list[int] = []
     real = quantized_attention.unpack
 
-    def spy(codes: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
+    def spy(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
         spans.append(int(codes.shape[0]) * int(codes.shape[1]))
-        return real(codes, bits)
+        real(codes, bits, out)
 
     monkeypatch.setattr(quantized_attention, "unpack", spy)
     ids, mask = padded_batch(LENGTHS, seed=3)

@@ -46,43 +46,34 @@ def gather(pool: PrefixPool, tile: Tile, values: bool) -> tuple[torch.Tensor, to
     return codes, s, z
 
 
-def unpack(codes: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
-    """(n, m, bytes) uint8 codes -> their halves, uint8 (n, m, d / halves) each: 4 bits, the even
-    channels (``byte & 15``) and the odd ones (``byte >> 4``); 8 bits, the codes themselves."""
+def unpack(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """(n, m, bytes) uint8 codes -> ``out`` (halves, n, m, d / halves) float32, in halves (8 bits: one)."""
     if bits == 8:
-        return (codes,)
-    return (codes & 15, codes >> 4)
+        out[0].copy_(codes)
+        return
+    out[0].copy_(codes & 15)
+    out[1].copy_(codes >> 4)
 
 
-def scale(halves: tuple[torch.Tensor, ...], s: torch.Tensor, z: torch.Tensor, keys: bool, out: torch.Tensor) -> None:
-    """``out`` (halves, n, m, w) float32 = ``codes * s + z`` of the unpacked ``halves``.
+def scale(work: torch.Tensor, s: torch.Tensor, z: torch.Tensor, keys: bool) -> None:
+    """Codes in ``work`` (halves, n, m, w) -> keys or values in place: ``codes * s + z``.
 
     Keys: ``s``/``z`` (n, m / G, 1, d), per channel and block of ``G``; values: (n, m, groups), per
-    entry and group of ``d / groups`` channels. The product converts the codes to float as it
-    writes ``out`` (no separate conversion pass).
+    entry and group of ``d / groups`` channels.
     """
-    count = len(halves)
+    halves = int(work.shape[0])
     if keys:
-        scales, zeros = halves_of(s, count), halves_of(z, count)
-        blocks = int(s.shape[1])
-        for h, codes in enumerate(halves):
-            torch.mul(codes.unflatten(1, (blocks, -1)), scales[h], out=out[h].unflatten(1, (blocks, -1)))
-        out.unflatten(2, (blocks, -1)).add_(zeros)
+        view = work.unflatten(2, (s.shape[1], -1))
+        view.mul_(halves_of(s, halves)).add_(halves_of(z, halves))
         return
     groups = int(s.shape[-1])
-    width = count * int(out.shape[-1]) // groups  # channels per value group
-    if width % count == 0:  # both halves of a group's channels share its statistics
-        for h, codes in enumerate(halves):
-            torch.mul(codes.unflatten(-1, (groups, -1)), s[..., None], out=out[h].unflatten(-1, (groups, -1)))
-        out.unflatten(-1, (groups, -1)).add_(z[..., None])
+    width = halves * int(work.shape[-1]) // groups  # channels per value group
+    if width % halves == 0:  # both halves of a group's channels share its statistics
+        view = work.unflatten(-1, (groups, -1))
+        view.mul_(s[..., None]).add_(z[..., None])
     else:
-        scales, zeros = (
-            halves_of(s.repeat_interleave(width, -1), count),
-            halves_of(z.repeat_interleave(width, -1), count),
-        )
-        for h, codes in enumerate(halves):
-            torch.mul(codes, scales[h], out=out[h])
-        out.add_(zeros)
+        work.mul_(halves_of(s.repeat_interleave(width, -1), halves))
+        work.add_(halves_of(z.repeat_interleave(width, -1), halves))
 
 
 def matmul(rows: torch.Tensor, work: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -148,14 +139,19 @@ def quantized_attention(
             if lp:
                 assert pool is not None
                 codes, s, z = gather(pool, tile, values)
-                scale(unpack(codes, bits), s, z, not values, work[:, :, :lp])
+                unpack(codes, bits, work[:, :, :lp])
+                scale(work[:, :, :lp], s, z, keys=not values)
             if used:
                 assert tail is not None
                 parts = (tail.value_codes, tail.value_scale, tail.value_zero) if values else tail.parts()[:3]
                 tc, ts, tz = (t[a:b, :used] for t in parts)
-                if values:  # per entry: (n, used * G, groups)
-                    ts, tz = ts.flatten(1, 2), tz.flatten(1, 2)
-                scale(unpack(tc.flatten(1, 2), bits), ts.float(), tz.float(), not values, work[:, :, lp:lq])
+                unpack(tc.flatten(1, 2), bits, work[:, :, lp:lq])
+                scale(
+                    work[:, :, lp:lq],
+                    ts.flatten(1, 2) if values else ts,
+                    tz.flatten(1, 2) if values else tz,
+                    not values,
+                )
             residual = residual_values if values else residual_keys
             if r and residual is not None:
                 work[:, :, lq:].copy_(halves_of(residual[a:b], halves))
