@@ -46,7 +46,7 @@ class QuantizedPrefix(RaggedPrefix):
         return whole + (0 if self.partial is None else self.partial.nbytes())
 
     def attention_blocks(self) -> list[QuantizedBlocks]:
-        """What decode attention reads: the whole-block tiers, then the partial blocks as one transient tile."""
+        """The whole-block tiers, then the partial blocks as one transient padded tile (a reader's view)."""
         if self.partial is None:
             return self.blocks
         return [*self.blocks, self.partial.as_blocks()]
