@@ -9,8 +9,8 @@ layers' ``attend`` (all of decode attention), both as wall time and as this thre
 (``time.thread_time``: what the step itself computed, robust to other processes' load). The
 ``*_vs_16_bit_*`` ratios divide the quantized figure by the unquantized one *of the same round*
 (best and median round). The split names the kernel's parts as the kernel in
-``cache/quantized_attention.py`` calls them (whatever of ``unpack``, ``scale``, ``fold``,
-``matmul``, ``softmax``, ``gather`` it has; the per-tier kernel before it: ``dequantize`` = unpack + scale,
+``cache/quantized_attention.py`` calls them (whatever of ``unpack``, ``scale``, ``matmul``,
+``softmax``, ``gather`` it has; the per-tier kernel before it: ``dequantize`` = unpack + scale,
 ``unpack``). Prints one JSON line per ``kv_bits``.
 """
 
@@ -37,7 +37,7 @@ from criticalkv.compat import cache_argument
 WALL: dict[str, float] = defaultdict(float)
 CPU: dict[str, float] = defaultdict(float)
 #: kernel functions timed for the split, by the label they are reported under
-SPLIT = ("unpack", "scale", "fold", "matmul", "softmax", "gather")
+SPLIT = ("unpack", "scale", "matmul", "softmax", "gather")
 
 
 def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

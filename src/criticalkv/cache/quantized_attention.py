@@ -13,10 +13,8 @@ tile, so its softmax is exact without merging, and only one tile is ever held in
 4-bit codes are unpacked in *halves*, even channels then odd ones (``lo = byte & 15``,
 ``hi = byte >> 4``), so that both unpacked halves are contiguous; the query is split the same
 way (``q . k = q_even . k_even + q_odd . k_odd``) and the output halves are interleaved back.
-The prefix's key statistics are folded into the query (:func:`fold`: per block,
-``q . (c s + z) = (q s) . c + q . z``), so the prefix keys are never dequantized, only unpacked.
 The kernel's parts are module functions (:func:`gather`, :func:`unpack`, :func:`scale`,
-:func:`fold`, :func:`matmul`, :func:`softmax`) so a benchmark can time them one by one.
+:func:`matmul`, :func:`softmax`) so a benchmark can time them one by one.
 """
 
 from __future__ import annotations
@@ -91,24 +89,6 @@ def matmul(rows: torch.Tensor, work: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.stack([torch.bmm(rows, half) for half in work], dim=-1).flatten(-2)
 
 
-def fold(
-    rows: torch.Tensor, codes: torch.Tensor, s: torch.Tensor, z: torch.Tensor, query: torch.Tensor
-) -> torch.Tensor:
-    """Scores (n, Q, nbp * G) of the prefix slots computed on the unpacked key codes, the key
-    statistics folded into the query instead of applied to the codes: per block ``b``,
-    ``q . (c s_b + z_b) = (q s_b) . c + q . z_b``.
-
-    ``rows`` (halves, n, Q, w) the query in halves, ``codes`` (halves, n, nbp * G, w) float codes,
-    ``s``/``z`` (n, nbp, 1, d) per channel and block, ``query`` (n, Q, d) the same query in channel order.
-    """
-    halves, n, q = int(rows.shape[0]), int(rows.shape[1]), int(rows.shape[2])
-    blocks = int(s.shape[1])
-    scaled = rows[:, :, None] * halves_of(s, halves)  # (halves, n, nbp, Q, w)
-    per_block = torch.matmul(scaled, codes.unflatten(2, (blocks, -1)).transpose(-1, -2)).sum(0)  # (n, nbp, Q, G)
-    zero = torch.matmul(z[:, :, 0], query.transpose(1, 2))  # (n, nbp, Q)
-    return (per_block + zero[..., None]).transpose(1, 2).reshape(n, q, -1)
-
-
 def softmax(scores: torch.Tensor, may_be_empty: bool) -> torch.Tensor:
     """Softmax over the last dimension; a row with nothing to attend to (all ``-inf``) gives zeros."""
     probs = torch.softmax(scores, dim=-1)
@@ -148,8 +128,7 @@ def quantized_attention(
     d = int(query.shape[-1])
     used = decode_plan.tail_used if tail is not None else 0
     r = 0 if residual_keys is None else int(residual_keys.shape[1])
-    scaled = query.float() * scaling
-    rows = halves_of(scaled, halves).contiguous()
+    rows = halves_of(query.float() * scaling, halves).contiguous()
     outs = []
     for tile in decode_plan.tiles:
         a, b = tile.first, tile.last
@@ -157,16 +136,11 @@ def quantized_attention(
         lq = lp + used * group
         work = torch.empty(halves, b - a, lq + r, d // halves, device=query.device)
         for values in (False, True):
-            prefix_scores = None
             if lp:
                 assert pool is not None
                 codes, s, z = gather(pool, tile, values)
                 unpack(codes, bits, work[:, :, :lp])
-                if values:
-                    scale(work[:, :, :lp], s, z, keys=False)
-                else:  # the key statistics go into the query: no pass over the keys
-                    prefix_scores = fold(rows[:, a:b], work[:, :, :lp], s, z, scaled[a:b])
-                    prefix_scores.add_(tile.bias[..., :lp])
+                scale(work[:, :, :lp], s, z, keys=not values)
             if used:
                 assert tail is not None
                 parts = (tail.value_codes, tail.value_scale, tail.value_zero) if values else tail.parts()[:3]
@@ -182,11 +156,7 @@ def quantized_attention(
             if r and residual is not None:
                 work[:, :, lq:].copy_(halves_of(residual[a:b], halves))
             if not values:
-                if lq + r > lp or prefix_scores is None:
-                    rest = matmul(rows[:, a:b], work[:, :, lp:], tile.bias[..., lp : lq + r])
-                    scores = rest if prefix_scores is None else torch.cat([prefix_scores, rest], dim=-1)
-                else:
-                    scores = prefix_scores
+                scores = matmul(rows[:, a:b], work, tile.bias[..., : lq + r])
                 if tail_mask is not None:
                     scores[..., lp:].masked_fill_(~tail_mask[a:b], float("-inf"))
                 probs = softmax(scores, tail_mask is not None or tile.has_empty)
