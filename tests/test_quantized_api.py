@@ -179,24 +179,26 @@ def test_sweep_identity_records_kv_bits_only_when_set(tmp_path: object) -> None:
 
 @torch.no_grad()
 def test_attention_dequantizes_tile_by_tile(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No dequantization covers more than TILE_BLOCKS blocks: the layer is never held in full precision."""
-    from criticalkv.cache import quantized_attention
-    from criticalkv.cache.quantized_store import QuantizedBlocks
+    """No unpacking covers more than a tile (TILE_BLOCKS blocks, or one longer segment): the layer
+    is never held in full precision."""
+    from criticalkv.cache import quantized_attention, quantized_plan
 
-    monkeypatch.setattr(quantized_attention, "TILE_BLOCKS", 2)
+    monkeypatch.setattr(quantized_plan, "TILE_BLOCKS", 2)
     spans: list[int] = []
-    real = QuantizedBlocks.dequantize
+    real = quantized_attention.unpack
 
-    def spy(self: QuantizedBlocks, start: int, stop: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        spans.append(stop - start)
-        return real(self, start, stop, dtype)
+    def spy(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+        spans.append(int(codes.shape[0]) * int(codes.shape[1]))
+        real(codes, bits, out)
 
-    monkeypatch.setattr(QuantizedBlocks, "dequantize", spy)
+    monkeypatch.setattr(quantized_attention, "unpack", spy)
     ids, mask = padded_batch(LENGTHS, seed=3)
     cache = ckv.CompressedCache.for_model(model, "full", 1.0, window=WINDOW, kv_bits=4, kv_group_size=4)
     model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache)
     step = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     model(input_ids=ids[:, -1:], attention_mask=step, position_ids=positions(step)[:, -1:], cache=cache)
-    blocks = cache.compressed_layers[0].prefix.blocks  # type: ignore[union-attr]
-    assert sum(tier.num_blocks for tier in blocks) >= 12  # 48 entries in blocks of 4: several tiles
-    assert spans and max(spans) <= 2
+    layer = cache.compressed_layers[0]
+    longest = int(((layer.prefix.lengths + 3) // 4).max())  # type: ignore[union-attr]
+    stored = sum(tier.num_blocks * tier.num_segments for tier in layer.prefix.blocks)  # type: ignore[union-attr]
+    assert stored >= 3 * longest  # several segments: several tiles
+    assert spans and max(spans) <= 4 * max(2, longest) < 4 * stored

@@ -4,7 +4,9 @@ The compressed prompt is a :class:`~criticalkv.cache.quantized_prefix.QuantizedP
 tokens go to a full-precision residual; once it holds ``residual + G`` entries per segment, its
 oldest whole blocks of ``G`` are quantized into the quantized tail, so the most recent
 ``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention reads the quantized
-blocks tile by tile (:mod:`criticalkv.cache.quantized_attention`).
+blocks a tile of whole segments at a time (:mod:`criticalkv.cache.quantized_attention`), gathered
+from the prefix's pooled tensors by a plan rebuilt when the tail gains a block
+(:mod:`criticalkv.cache.quantized_plan`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from criticalkv.cache.layer import CompressedLayer, PrefillHook
 from criticalkv.cache.quant_spec import KVQuantization
 from criticalkv.cache.quantized_attention import quantized_attention
+from criticalkv.cache.quantized_plan import DecodePlan, plan
 from criticalkv.cache.quantized_prefix import QuantizedPrefix, build_quantized_prefix
 from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
 
@@ -37,6 +40,7 @@ class QuantizedLayer(CompressedLayer):
         self.residual_values: torch.Tensor | None = None
         self.residual_len = 0
         self.tail_len = 0
+        self._plan: DecodePlan | None = None  # the decode tiles, for this prefix and tail_used
 
     def reset(self) -> None:
         super().reset()
@@ -145,25 +149,31 @@ class QuantizedLayer(CompressedLayer):
         g = h_q // h
         q_sorted = query.reshape(b * h, g * q, d)
         if not prefix.identity:
-            q_sorted = q_sorted[prefix.perm]
+            q_sorted = q_sorted.index_select(0, prefix.perm)
         tail_mask = None
         if self.tail_len > 0:
             tail_mask = self._tail_mask(attention_mask, b, g, q, self.tail_len)
             if tail_mask is not None and not prefix.identity:
                 tail_mask = tail_mask[prefix.perm]
         r = self.residual_len
+        pool = prefix.decode_pool()
+        room = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
+        if self._plan is None or self._plan.tail_used != self.tail_used or self._plan.room < r:
+            self._plan = plan(prefix, pool, self.spec.group_size, self.tail_used, room)
         out = quantized_attention(
             q_sorted,
-            prefix.attention_blocks(),
+            pool,
+            self._plan,
             self.tail_blocks,
-            self.tail_used,
             None if self.residual_keys is None else self.residual_keys[:, :r],
             None if self.residual_values is None else self.residual_values[:, :r],
             tail_mask,
             scaling,
+            self.spec.bits,
+            self.spec.group_size,
         )
         if not prefix.identity:
-            out = out[prefix.inv_perm]
+            out = out.index_select(0, prefix.inv_perm)
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def dense_tail(self) -> tuple[torch.Tensor, torch.Tensor]:

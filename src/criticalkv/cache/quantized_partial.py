@@ -4,8 +4,9 @@ A segment keeping ``L`` entries has ``L // G`` whole blocks (in the staircase of
 :mod:`~criticalkv.cache.quantized_prefix`) and, when ``r = L mod G > 0``, one partial block of
 ``r`` entries. Partial blocks are stored here back to back, no padding: ``r`` entries of codes
 and value statistics each, plus one key scale and zero point per channel over those ``r``
-entries. Decode attention reads them as one transient padded tile (:meth:`PartialBlocks.as_blocks`),
-at most ``G - 1`` entries per segment, built each time and never kept.
+entries. Decode attention gathers them into padded, masked slots of its tiles
+(:mod:`~criticalkv.cache.quantized_plan`); :meth:`PartialBlocks.as_blocks` builds the same
+padding as one transient :class:`QuantizedBlocks` for readers that want whole blocks, never kept.
 """
 
 from __future__ import annotations

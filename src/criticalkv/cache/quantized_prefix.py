@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from criticalkv.cache.quantized_partial import PartialBlocks, quantize_partial
+from criticalkv.cache.quantized_pool import PrefixPool, pool
 from criticalkv.cache.quantized_store import QuantizedBlocks, quantize_blocks
 from criticalkv.cache.tiers import RaggedPrefix, segment_order
 
@@ -26,18 +27,26 @@ class QuantizedPrefix(RaggedPrefix):
 
     ``block_starts[j]`` is the first block index of ``blocks[j]`` within a segment; ``partial``
     holds each segment's last ``L mod G`` entries (``None``: every segment holds whole blocks).
+    After :meth:`decode_pool`, both are views of ``pool`` (the same bytes, one tensor per field).
     """
 
     blocks: list[QuantizedBlocks] = field(default_factory=list)
     block_starts: list[int] = field(default_factory=list)
     partial: PartialBlocks | None = None
+    pool: PrefixPool | None = None
+
+    def decode_pool(self) -> PrefixPool | None:
+        """The stored tensors pooled field by field (done at the first call; ``None``: no entries)."""
+        if self.pool is None and (self.blocks or self.partial is not None):
+            self.pool, self.blocks, self.partial = pool(self.blocks, self.partial)
+        return self.pool
 
     def nbytes(self) -> int:
         whole = sum(tier.nbytes() for tier in self.blocks)
         return whole + (0 if self.partial is None else self.partial.nbytes())
 
     def attention_blocks(self) -> list[QuantizedBlocks]:
-        """What decode attention reads: the whole-block tiers, then the partial blocks as one transient tile."""
+        """The whole-block tiers, then the partial blocks as one transient padded tile (a reader's view)."""
         if self.partial is None:
             return self.blocks
         return [*self.blocks, self.partial.as_blocks()]
