@@ -3,14 +3,16 @@
     PYTHONPATH=src python benchmarks/ragged_decode.py --prompt-tokens 4096 --steps 64 \
         snapkv@0.2 adakv@0.2 critical-adakv@0.2 defensivekv@0.2 [--kv-bits 4] [--out FILE]
 
-Each spec is ``METHOD@BUDGET``; the first is the reference (a uniform layout such as SnapKV's).
+Each spec is ``METHOD@BUDGET[:BITS]``; the first is the reference (a uniform layout such as
+SnapKV's, or the same method unquantized to time quantized storage against it).
 Every cache is prefilled with the same natural-text prompt at the same budget, so they hold the
 same bytes (printed), then all decode the same greedy tokens (the reference's), one step of each
 cache in turn: the caches see the same moment and the same load. Per step the model's whole decode
 forward is timed on the wall clock and on this thread's CPU clock (``time.thread_time``, which
 does not count time the thread waits for a core). The figure is the median over steps of the
 paired ratio (cache / reference in the same step), with a 95% bootstrap interval of that median;
-``--kv-bits`` stores every cache's kept entries in 8 or 4 bits. One JSON line per cache.
+``--kv-bits`` stores every cache's kept entries in 8 or 4 bits unless its spec says ``:BITS``
+(16, 8 or 4). One JSON line per cache.
 """
 
 from __future__ import annotations
@@ -30,10 +32,18 @@ from criticalkv.compat import cache_argument
 from decode_compression import prompt_ids
 
 
+def parse(spec: str, kv_bits: int) -> tuple[str, float | int, int]:
+    """``METHOD@BUDGET[:BITS]`` as (method, budget, bits); ``kv_bits`` when the spec names none."""
+    method, _, rest = spec.partition("@")
+    budget, _, bits = rest.partition(":")
+    if not method or not budget or (bits and bits not in ("16", "8", "4")):
+        raise ValueError(f"a spec is METHOD@BUDGET[:BITS] with BITS 16, 8 or 4, e.g. adakv@0.2:4, not {spec!r}")
+    return method, float(budget) if "." in budget else int(budget), int(bits) if bits else kv_bits
+
+
 def make(model: torch.nn.Module, spec: str, kv_bits: int) -> CompressedCache:
-    method, budget = spec.split("@")
-    kept = float(budget) if "." in budget else int(budget)
-    return CompressedCache.for_model(model, method, kept, window=32, kv_bits=kv_bits)
+    method, kept, bits = parse(spec, kv_bits)
+    return CompressedCache.for_model(model, method, kept, window=32, kv_bits=bits)
 
 
 def median_interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -46,7 +56,7 @@ def median_interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="+", help="METHOD@BUDGET; the first is the reference")
+    parser.add_argument("specs", nargs="+", help="METHOD@BUDGET[:BITS]; the first is the reference")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=4, help="steps run but not counted")
     parser.add_argument("--prompt-tokens", type=int, default=4096)
@@ -92,7 +102,7 @@ def main() -> None:
             "spec": spec,
             "reference": reference,
             "prompt_tokens": args.prompt_tokens,
-            "kv_bits": args.kv_bits,
+            "kv_bits": parse(spec, args.kv_bits)[2],
             "kv_bytes": cache.kv_bytes(),
             "steps": args.steps,
             "threads": args.threads,

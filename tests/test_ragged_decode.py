@@ -1,4 +1,4 @@
-"""benchmarks/ragged_decode.py: its interval of the median paired ratio."""
+"""benchmarks/ragged_decode.py: its specs and its interval of the median paired ratio."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,3 +51,12 @@ def test_the_interval_narrows_with_more_steps() -> None:
     low_few, high_few = ragged_decode.median_interval(few)
     low_many, high_many = ragged_decode.median_interval(many)
     assert high_many - low_many < high_few - low_few
+
+
+def test_specs_name_method_budget_and_bits() -> None:
+    assert ragged_decode.parse("adakv@0.2", 16) == ("adakv", 0.2, 16)
+    assert ragged_decode.parse("adakv@0.2:4", 16) == ("adakv", 0.2, 4)
+    assert ragged_decode.parse("snapkv@512", 8) == ("snapkv", 512, 8)
+    for bad in ("adakv", "adakv@", "adakv@0.2:3", "@0.2"):
+        with pytest.raises(ValueError, match=r"METHOD@BUDGET\[:BITS\]"):
+            ragged_decode.parse(bad, 16)
