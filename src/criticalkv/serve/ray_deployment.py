@@ -11,6 +11,7 @@ the first request that names it (:class:`~criticalkv.serve.store.ContextStore`).
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from typing import Any
 
@@ -81,6 +82,21 @@ def start(application: Any, host: str, port: int) -> None:
     logger.info("Ray Serve: %s on http://%s:%d", APP_NAME, host, port)
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupt_on_signals() -> None:
+    """Make SIGINT and SIGTERM stop :func:`serve_forever` cleanly.
+
+    A process started in the background by a non-interactive shell (``cmd &`` in a script, as
+    CI runners and init scripts do) inherits SIGINT as *ignored*, and Python then keeps it
+    ignored: Ctrl-C or ``kill -INT`` would do nothing and the cluster would be left running.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupt)
+
+
 def serve_forever(application: Any, host: str, port: int, address: str = "local") -> None:
     """Start a local Ray cluster (or join ``address``), run ``application`` until interrupted.
 
@@ -89,6 +105,7 @@ def serve_forever(application: Any, host: str, port: int, address: str = "local"
     """
     import ray
 
+    _interrupt_on_signals()
     local = address == "local"
     if local:
         ray.init(address=address, include_dashboard=False)
