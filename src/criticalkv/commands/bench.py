@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import add_head_scores_argument, add_storage_arguments, check_head_scores, output_folder
+from criticalkv.commands.inputs import (
+    add_head_scores_argument,
+    add_storage_arguments,
+    check_head_scores,
+    flag_names,
+    output_folder,
+)
 
 NAME = "bench"
 if TYPE_CHECKING:
@@ -130,13 +136,6 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         raise UsageError(_flag_names(str(err))) from None
 
 
-#: options whose names the library's messages spell with underscores
-_FLAGS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
-
-
 def _flag_names(message: str) -> str:
-    """``message`` with the option names as the command line spells them (``--kv-group-size``)."""
-    for name in _FLAGS:
-        message = message.replace(name, "--" + name.replace("_", "-"))
-    message = message.replace("quantization group size", "quantization group size (--kv-group-size)")
-    return message.replace("kvpress='on'", "--kvpress on")
+    """``message`` with the options spelled as the command line does, ``kvpress='on'`` included."""
+    return flag_names(message).replace("kvpress='on'", "--kvpress on")

@@ -8,7 +8,13 @@ from typing import Any
 
 from criticalkv.commands import scale
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import add_head_scores_argument, add_storage_arguments, check_head_scores
+from criticalkv.commands.inputs import (
+    UNDERSCORED_OPTIONS,
+    add_head_scores_argument,
+    add_storage_arguments,
+    check_head_scores,
+    flag_names,
+)
 from criticalkv.runtime import MODES
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -93,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _config(args, tasks, kwargs)
     except (TypeError, ValueError) as err:
-        if all(getattr(args, name) is None for name in _FLAGS):
+        if all(getattr(args, name) is None for name in UNDERSCORED_OPTIONS):
             raise
-        raise UsageError(_flag_names(str(err))) from None
+        raise UsageError(flag_names(str(err))) from None
     if args.dataset:  # say how many lines of each task run (--samples is per task)
         from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 
@@ -106,22 +112,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         if args.kv_bits is None:
             raise
-        raise UsageError(_flag_names(str(err))) from None  # e.g. a group size that does not divide the head dim
+        raise UsageError(flag_names(str(err))) from None  # e.g. a group size that does not divide the head dim
     text, plots = build_report(args.out, buckets=args.longbench_e)
     print(text)
     print("plots: " + ", ".join(str(p) for p in plots))
     return 0
-
-
-#: options whose names the library's messages spell with underscores
-_FLAGS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
-
-
-def _flag_names(message: str) -> str:
-    """``message`` with the option names as the command line spells them (``--kv-group-size``)."""
-    for name in _FLAGS:
-        message = message.replace(name, "--" + name.replace("_", "-"))
-    return message.replace("quantization group size", "quantization group size (--kv-group-size)")
 
 
 def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:

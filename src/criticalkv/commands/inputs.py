@@ -71,11 +71,15 @@ def add_storage_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def storage_flag_names(message: str) -> str:
-    """A library message with the storage options spelled as the command line does (``--kv-bits``)."""
-    for name in ("kv_group_size", "kv_residual", "kv_bits"):
+#: options whose names the library's messages spell with underscores
+UNDERSCORED_OPTIONS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
+
+
+def flag_names(message: str) -> str:
+    """A library message with the options spelled as the command line does (``--kv-group-size``)."""
+    for name in UNDERSCORED_OPTIONS:
         message = message.replace(name, "--" + name.replace("_", "-"))
-    return message
+    return message.replace("quantization group size", "quantization group size (--kv-group-size)")
 
 
 def add_head_scores_argument(p: argparse.ArgumentParser) -> None:

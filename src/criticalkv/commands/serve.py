@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
-from criticalkv.commands.inputs import add_storage_arguments, storage_flag_names
+from criticalkv.commands.inputs import add_storage_arguments, flag_names
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except APIError as error:
         raise UsageError(error.message) from error
     except ValueError as error:
-        raise UsageError(storage_flag_names(str(error))) from error
+        raise UsageError(flag_names(str(error))) from error
     if args.ray:
         return _run_on_ray(args, config)
     import uvicorn
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine(model, tokenizer, config)
     except ValueError as error:  # a group size that does not divide the head dimension, headkv without scores
-        raise UsageError(storage_flag_names(str(error))) from error
+        raise UsageError(flag_names(str(error))) from error
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0
