@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -101,22 +102,28 @@ def test_answers_equal_generate_streaming_or_not(server, reference) -> None:
     assert ask(url, info["id"], QUESTIONS[0], max_tokens=3) == expected(reference, text, QUESTIONS[0], 3)
 
 
-def test_a_chat_without_context_compresses_its_prompt(server, reference) -> None:
-    url, _ = server
+def prompt_reply_and_expected(url: str, reference: tuple, kv_bits: int = 16) -> tuple[Any, str, int]:
+    """A chat without a context (its prompt compressed for the request) on the server at ``url``,
+    and what ``model.generate`` answers with the same compressed cache: (reply, answer, prompt tokens)."""
     model, tokenizer = reference
     content = document(7, 120) + " What is the key?"
     reply = client(url).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW
     )
     ids = torch.tensor([tokenizer(content + "\nAnswer:", add_special_tokens=False)["input_ids"]])
-    cache = CompressedCache.for_model(model, "critical-adakv", BUDGET, window=WINDOW)
+    cache = CompressedCache.for_model(model, "critical-adakv", BUDGET, window=WINDOW, kv_bits=kv_bits)
     out = model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), max_new_tokens=MAX_NEW,
         do_sample=False, pad_token_id=0,
     )  # fmt: skip
     want, _ = decode_answers(tokenizer, out[:, ids.shape[1] :], eos_ids(model, tokenizer))
-    assert reply.choices[0].message.content == want[0]
-    assert reply.usage is not None and reply.usage.prompt_tokens == ids.shape[1]
+    return reply, want[0], int(ids.shape[1])
+
+
+def test_a_chat_without_context_compresses_its_prompt(server, reference) -> None:
+    reply, want, prompt_tokens = prompt_reply_and_expected(server[0], reference)
+    assert reply.choices[0].message.content == want
+    assert reply.usage is not None and reply.usage.prompt_tokens == prompt_tokens
 
 
 def error_of(response: httpx.Response, status: int) -> dict:

@@ -19,15 +19,14 @@ import criticalkv
 from criticalkv import CompressedCache, attach
 from criticalkv.cache.quant_spec import KVQuantization
 from criticalkv.cli import main
-from criticalkv.compat import cache_argument
-from criticalkv.runtime import append_rows, decode_answers, decode_rows, eos_ids, prefill_into, repeat_prompt
+from criticalkv.runtime import append_rows, decode_rows, prefill_into, repeat_prompt
 from criticalkv.serve import Engine
 from criticalkv.serve.compress import compress
 from criticalkv.serve.row_memory import answer_reserve, token_bytes
 from criticalkv.serve.session import ChatWork
 from tests.conftest import make_tiny
 from tests.serve_helpers import BUDGET, MAX_NEW, WINDOW, check_row_memory, document, live_server, metric, server_config
-from tests.test_serve import QUESTIONS, ask, client, create
+from tests.test_serve import QUESTIONS, ask, create, prompt_reply_and_expected
 from tests.tiny_tokenizer import char_tokenizer
 
 BITS = 4
@@ -72,20 +71,8 @@ def test_answers_equal_generate_at_4_bits(server: tuple[str, Engine], reference:
 
 
 def test_a_prompt_compressed_for_the_request_is_quantized_too(server: tuple[str, Engine], reference: tuple) -> None:
-    url, _ = server
-    model, tokenizer = reference
-    content = document(7, 120) + " What is the key?"
-    reply = client(url).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_NEW
-    )
-    ids = torch.tensor([tokenizer(content + "\nAnswer:", add_special_tokens=False)["input_ids"]])
-    cache = CompressedCache.for_model(model, "critical-adakv", BUDGET, window=WINDOW, kv_bits=BITS)
-    out = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), max_new_tokens=MAX_NEW,
-        do_sample=False, pad_token_id=0,
-    )  # fmt: skip
-    want, _ = decode_answers(tokenizer, out[:, ids.shape[1] :], eos_ids(model, tokenizer))
-    assert reply.choices[0].message.content == want[0]
+    reply, want, _ = prompt_reply_and_expected(server[0], reference, kv_bits=BITS)
+    assert reply.choices[0].message.content == want
 
 
 def test_spilled_contexts_reload_quantized_and_answer_the_same(tmp_path: Path, reference: tuple) -> None:
