@@ -11,7 +11,8 @@ layers' ``attend`` (all of decode attention), both as wall time and as this thre
 (best and median round). The split names the kernel's parts as the kernel in
 ``cache/quantized_attention.py`` calls them (whatever of ``unpack``, ``scale``, ``matmul``,
 ``softmax``, ``gather`` it has; the per-tier kernel before it: ``dequantize`` = unpack + scale,
-``unpack``). Prints one JSON line per ``kv_bits``.
+``unpack``), and ``c_kernel``: the compiled C kernel's whole call (``CRITICALKV_KERNEL`` chooses
+the kernel; the C kernel runs where it builds). Prints one JSON line per ``kv_bits``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 import criticalkv as ckv
-from criticalkv.cache import quantized_attention, quantized_store
+from criticalkv.cache import quantized_attention, quantized_layer, quantized_store
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.quant_spec import bits_per_element
 from criticalkv.cache.quantized_layer import QuantizedLayer
@@ -58,6 +59,8 @@ def _instrument() -> None:
     for name in SPLIT:
         if hasattr(quantized_attention, name):
             setattr(quantized_attention, name, timed(name, getattr(quantized_attention, name)))
+    if hasattr(quantized_layer, "c_quantized_attention"):
+        quantized_layer.c_quantized_attention = timed("c_kernel", quantized_layer.c_quantized_attention)
     if hasattr(QuantizedBlocks, "dequantize") and not hasattr(quantized_attention, "unpack"):
         QuantizedBlocks.dequantize = timed("dequantize", QuantizedBlocks.dequantize)  # type: ignore[method-assign]
         quantized_store.unpack = timed("unpack", quantized_store.unpack)  # type: ignore[attr-defined]

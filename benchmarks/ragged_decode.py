@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/ragged_decode.py --prompt-tokens 4096 --steps 64 \
         snapkv@0.2 adakv@0.2 critical-adakv@0.2 defensivekv@0.2 [--kv-bits 4] [--out FILE]
 
-Each spec is ``METHOD@BUDGET[:BITS]``; the first is the reference (a uniform layout such as
+Each spec is ``METHOD@BUDGET[:BITS][/KERNEL]``; the first is the reference (a uniform layout such as
 SnapKV's, or the same method unquantized to time quantized storage against it).
 Every cache is prefilled with the same natural-text prompt at the same budget, so they hold the
 same bytes (printed), then all decode the same greedy tokens (the reference's), one step of each
@@ -12,13 +12,16 @@ forward is timed on the wall clock and on this thread's CPU clock (``time.thread
 does not count time the thread waits for a core). The figure is the median over steps of the
 paired ratio (cache / reference in the same step), with a 95% bootstrap interval of that median;
 ``--kv-bits`` stores every cache's kept entries in 8 or 4 bits unless its spec says ``:BITS``
-(16, 8 or 4). One JSON line per cache.
+(16, 8 or 4). ``/c`` or ``/torch`` runs that cache's steps (prefill included) with
+``CRITICALKV_KERNEL`` set to it, so the C and torch quantized kernels can be paired in one process
+(``critical-adakv@0.2:4/torch critical-adakv@0.2:4/c``). One JSON line per cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -28,13 +31,31 @@ from typing import Any
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
+from criticalkv.cache.kernels.build import KERNEL_ENV
 from criticalkv.compat import cache_argument
 from decode_compression import prompt_ids
 
 
+def kernel_of(spec: str) -> str | None:
+    """The ``/KERNEL`` of a spec (``c`` or ``torch``), or ``None``."""
+    _, _, kernel = spec.partition("/")
+    if kernel and kernel not in ("c", "torch"):
+        raise ValueError(f"a spec's kernel is /c or /torch, not {spec!r}")
+    return kernel or None
+
+
+def use_kernel(spec: str) -> None:
+    """Set ``CRITICALKV_KERNEL`` for ``spec``'s steps (unset when it names no kernel)."""
+    kernel = kernel_of(spec)
+    if kernel is None:
+        os.environ.pop(KERNEL_ENV, None)
+    else:
+        os.environ[KERNEL_ENV] = kernel
+
+
 def parse(spec: str, kv_bits: int) -> tuple[str, float | int, int]:
-    """``METHOD@BUDGET[:BITS]`` as (method, budget, bits); ``kv_bits`` when the spec names none."""
-    method, _, rest = spec.partition("@")
+    """``METHOD@BUDGET[:BITS][/KERNEL]`` as (method, budget, bits); ``kv_bits`` when the spec names none."""
+    method, _, rest = spec.partition("/")[0].partition("@")
     budget, _, bits = rest.partition(":")
     if not method or not budget or (bits and bits not in ("16", "8", "4")):
         raise ValueError(f"a spec is METHOD@BUDGET[:BITS] with BITS 16, 8 or 4, e.g. adakv@0.2:4, not {spec!r}")
@@ -73,7 +94,8 @@ def main() -> None:
     caches = {s: make(model, s, args.kv_bits) for s in args.specs}
     mask = torch.ones_like(ids)
     token = None
-    for cache in caches.values():
+    for spec, cache in caches.items():
+        use_kernel(spec)
         out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, cache), logits_to_keep=1)
         if token is None:
             token = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -88,6 +110,7 @@ def main() -> None:
             order.reverse()
         nxt = token
         for spec, cache in order:
+            use_kernel(spec)
             started_wall, started_cpu = time.perf_counter(), time.thread_time()
             out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
             took_wall, took_cpu = time.perf_counter() - started_wall, time.thread_time() - started_cpu
@@ -103,11 +126,14 @@ def main() -> None:
             "reference": reference,
             "prompt_tokens": args.prompt_tokens,
             "kv_bits": parse(spec, args.kv_bits)[2],
+            "kernel": kernel_of(spec),
             "kv_bytes": cache.kv_bytes(),
             "steps": args.steps,
             "threads": args.threads,
             "wall_ms_median": statistics.median(wall[spec]),
             "cpu_ms_median": statistics.median(cpu[spec]),
+            "wall_ms_steps": [round(x, 4) for x in wall[spec]],  # per step, for pairing any two caches offline
+            "cpu_ms_steps": [round(x, 4) for x in cpu[spec]],
         }
         for clock, times in (("wall", wall), ("cpu", cpu)):
             ratios = [a / b for a, b in zip(times[spec], times[reference], strict=True)]

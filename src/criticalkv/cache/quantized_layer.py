@@ -6,7 +6,8 @@ oldest whole blocks of ``G`` are quantized into the quantized tail, so the most 
 ``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention reads the quantized
 blocks a tile of whole segments at a time (:mod:`criticalkv.cache.quantized_attention`), gathered
 from the prefix's pooled tensors by a plan rebuilt when the tail gains a block
-(:mod:`criticalkv.cache.quantized_plan`).
+(:mod:`criticalkv.cache.quantized_plan`); on CPU float32, a compiled C kernel reads them segment by
+segment instead (:mod:`criticalkv.cache.kernels.quantized_decode`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from typing import Any
 
 import torch
 
+from criticalkv.cache.kernels.build import decode_kernel
+from criticalkv.cache.kernels.quantized_decode import BlockList, block_list, c_quantized_attention, supports
 from criticalkv.cache.layer import CompressedLayer, PrefillHook
 from criticalkv.cache.quant_spec import KVQuantization
 from criticalkv.cache.quantized_attention import quantized_attention
 from criticalkv.cache.quantized_plan import DecodePlan, plan
+from criticalkv.cache.quantized_pool import PrefixPool
 from criticalkv.cache.quantized_prefix import QuantizedPrefix, build_quantized_prefix
 from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
 
@@ -41,6 +45,7 @@ class QuantizedLayer(CompressedLayer):
         self.residual_len = 0
         self.tail_len = 0
         self._plan: DecodePlan | None = None  # the decode tiles, for this prefix and tail_used
+        self._blocks: tuple[QuantizedPrefix, BlockList] | None = None  # the C kernel's block list, for this prefix
 
     def reset(self) -> None:
         super().reset()
@@ -141,27 +146,60 @@ class QuantizedLayer(CompressedLayer):
 
     # --- attention -------------------------------------------------------------------------------
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-        """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
+        """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d).
+
+        CPU float32 goes through the C kernel where it builds (``CRITICALKV_KERNEL``,
+        :mod:`~criticalkv.cache.kernels.build`), everything else through the torch kernel.
+        """
         prefix = self.prefix
         assert isinstance(prefix, QuantizedPrefix)
         b, h_q, q, d = query.shape
         h = self.num_kv_heads
         g = h_q // h
-        q_sorted = query.reshape(b * h, g * q, d)
-        if not prefix.identity:
-            q_sorted = q_sorted.index_select(0, prefix.perm)
+        flat = query.reshape(b * h, g * q, d)
         tail_mask = None
         if self.tail_len > 0:
             tail_mask = self._tail_mask(attention_mask, b, g, q, self.tail_len)
-            if tail_mask is not None and not prefix.identity:
-                tail_mask = tail_mask[prefix.perm]
-        r = self.residual_len
         pool = prefix.decode_pool()
+        library = decode_kernel() if supports(query, self.residual_keys) else None
+        if library is not None:
+            if self._blocks is None or self._blocks[0] is not prefix:
+                self._blocks = (prefix, block_list(prefix, pool, self.spec.group_size))
+            out = c_quantized_attention(
+                library,
+                flat,
+                None if prefix.identity else prefix.perm,
+                pool,
+                self._blocks[1],
+                self.tail_blocks,
+                self.tail_used,
+                self.residual_keys,
+                self.residual_values,
+                self.residual_len,
+                tail_mask,
+                scaling,
+                self.spec.bits,
+                self.spec.group_size,
+            )
+        else:
+            out = self._attend_torch(flat, tail_mask, pool, scaling)
+        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
+
+    def _attend_torch(
+        self, flat: torch.Tensor, tail_mask: torch.Tensor | None, pool: PrefixPool | None, scaling: float
+    ) -> torch.Tensor:
+        """The torch kernel: (S, Q, d) queries in original segment order -> (S, Q, d) outputs."""
+        prefix = self.prefix
+        assert isinstance(prefix, QuantizedPrefix)
+        if not prefix.identity:
+            flat = flat.index_select(0, prefix.perm)
+            tail_mask = None if tail_mask is None else tail_mask[prefix.perm]
+        r = self.residual_len
         room = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
         if self._plan is None or self._plan.tail_used != self.tail_used or self._plan.room < r:
             self._plan = plan(prefix, pool, self.spec.group_size, self.tail_used, room)
         out = quantized_attention(
-            q_sorted,
+            flat,
             pool,
             self._plan,
             self.tail_blocks,
@@ -172,9 +210,7 @@ class QuantizedLayer(CompressedLayer):
             self.spec.bits,
             self.spec.group_size,
         )
-        if not prefix.identity:
-            out = out.index_select(0, prefix.inv_perm)
-        return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
+        return out if prefix.identity else out.index_select(0, prefix.inv_perm)
 
     def dense_tail(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(S, t, d) keys and values of every segment's tail as held (quantized blocks dequantized,

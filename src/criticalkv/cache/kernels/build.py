@@ -1,0 +1,197 @@
+"""Compile the C decode kernels once per machine and load them with :mod:`ctypes`.
+
+The kernels are plain C (no torch headers), so a compile takes well under a second. The shared
+library goes into ``$CRITICALKV_CACHE_DIR/kernels`` (default ``~/.cache/criticalkv/kernels``,
+or under ``$XDG_CACHE_HOME``), named by a hash of the source, the compiler, its flags and the
+machine (its architecture and CPU flags, as ``-march=native`` code only runs where it was built),
+written to a temporary file and renamed into place, so concurrent processes never load a partial
+file. ``$CC`` names the compiler (default ``cc``, then ``gcc``).
+
+``CRITICALKV_KERNEL`` chooses: ``auto`` (the default: the C kernel where it builds, else one
+logged warning and the torch kernel), ``c`` (the C kernel or an error saying why not), ``torch``
+(never compile; the torch kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: environment variable choosing the decode kernel: auto, c or torch
+KERNEL_ENV = "CRITICALKV_KERNEL"
+KERNEL_MODES = ("auto", "c", "torch")
+#: flags tried in order: tuned to this CPU, then portable
+FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    ("-O3", "-march=native", "-shared", "-fPIC"),
+    ("-O3", "-shared", "-fPIC"),
+)
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+#: ckv_quantized_decode's parameters, in order (see quantized_decode.c)
+DECODE_ARGTYPES = [_I] * 6 + [_P, _P, ctypes.c_float] + [_P] * 10 + [_I, _I] + [_P] * 6 + [_I, _I, _P, _P, _P, _I, _P]
+
+_loaded: dict[tuple[str, str, str], ctypes.CDLL | str] = {}  # (compiler, source hash, folder) -> library or why not
+
+
+class KernelUnavailable(RuntimeError):
+    """``CRITICALKV_KERNEL=c`` was asked for and the C kernel cannot be built or loaded."""
+
+
+def kernel_mode() -> str:
+    """``CRITICALKV_KERNEL``, checked: ``auto`` (unset), ``c`` or ``torch``."""
+    mode = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
+    return mode
+
+
+def kernel_dir() -> Path:
+    """Where compiled kernels are kept (see the module docstring)."""
+    explicit = os.environ.get("CRITICALKV_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser() / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "criticalkv" / "kernels"
+    return Path.home() / ".cache" / "criticalkv" / "kernels"
+
+
+def find_compiler() -> str | None:
+    """``$CC`` if set (a path or a name on ``PATH``), else ``cc`` or ``gcc``; ``None`` if none is found."""
+    wanted = os.environ.get("CC")
+    for name in [wanted] if wanted else ["cc", "gcc"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[-1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.splitlines()[0] if done.stdout else ""
+
+
+def _compile(compiler: str, source: Path, target: Path) -> str | None:
+    """Compile ``source`` into ``target`` atomically; ``None`` on success, else the compiler's complaint."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    complaint = ""
+    for flags in FLAG_SETS:
+        handle, temp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(handle)
+        try:
+            done = subprocess.run(
+                [compiler, *flags, "-o", temp, str(source), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if done.returncode == 0:
+                os.replace(temp, target)
+                return None
+            complaint = (done.stderr or done.stdout).strip()[-2000:]
+        except (OSError, subprocess.SubprocessError) as error:
+            complaint = str(error)
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+    return complaint or "the compiler failed without a message"
+
+
+def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
+    """The compiled kernel library ``name`` (``kernels/<name>.c``), building it if needed, or a
+    sentence saying why it is not available. Cached per compiler, source and folder."""
+    compiler = find_compiler()
+    if compiler is None:
+        wanted = os.environ.get("CC")
+        why = f"CC={wanted} is not an executable" if wanted else "neither cc nor gcc is on PATH"
+        return f"no C compiler found ({why}): install gcc or set CC to one"
+    source = Path(str(resources.files("criticalkv.cache.kernels").joinpath(f"{name}.c")))
+    code = source.read_bytes()
+    folder = kernel_dir()
+    key = (compiler, hashlib.sha256(code).hexdigest(), str(folder))
+    if key in _loaded:
+        return _loaded[key]
+    fingerprint = hashlib.sha256(
+        b"\0".join(
+            [
+                code,
+                compiler.encode(),
+                _compiler_version(compiler).encode(),
+                repr(FLAG_SETS).encode(),
+                platform.machine().encode(),
+                _cpu_flags().encode(),
+            ]
+        )
+    ).hexdigest()[:20]
+    target = folder / f"{name}-{fingerprint}.so"
+    result: ctypes.CDLL | str
+    if not target.exists():
+        complaint = _compile(compiler, source, target)
+        if complaint is not None:
+            result = f"compiling {source.name} with {compiler} into {folder} failed: {complaint}"
+            _loaded[key] = result
+            return result
+    try:
+        library = ctypes.CDLL(str(target))
+        function = library.ckv_quantized_decode
+        function.argtypes = DECODE_ARGTYPES  # type: ignore[assignment]
+        function.restype = ctypes.c_int
+        result = library
+    except (OSError, AttributeError) as error:
+        result = f"loading {target} failed: {error} (delete the file to rebuild it)"
+    _loaded[key] = result
+    return result
+
+
+_warned: set[str] = set()
+
+
+def decode_kernel() -> ctypes.CDLL | None:
+    """The C decode kernel to use, per ``CRITICALKV_KERNEL``: the library, or ``None`` for the
+    torch kernel (``auto`` logs one warning per reason when the C kernel cannot be had).
+
+    Raises
+    ------
+    KernelUnavailable
+        ``CRITICALKV_KERNEL=c`` and the kernel cannot be built or loaded.
+    """
+    mode = kernel_mode()
+    if mode == "torch":
+        return None
+    library = load_library()
+    if isinstance(library, ctypes.CDLL):
+        return library
+    if mode == "c":
+        raise KernelUnavailable(
+            f"{KERNEL_ENV}=c but the C decode kernel is unavailable: {library}. "
+            f"Install a C compiler (gcc), or set {KERNEL_ENV}=auto or torch to use the torch kernel."
+        )
+    if library not in _warned:
+        _warned.add(library)
+        logger.warning("the C decode kernel is unavailable, using the torch kernel: %s", library)
+    return None
