@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-cap", type=float, default=2048, help="MiB of stored contexts' KV held in memory")
     p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
     p.add_argument("--max-batch", type=int, default=8, help="answers decoded at once as one batch (per replica)")
+    p.add_argument(
+        "--offload-prompt-tokens",
+        type=int,
+        default=128,
+        help="chat prompts of at least this many tokens are compressed beside the decode steps (0: all)",
+    )
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
     p.add_argument(
         "--kv-bits",
@@ -66,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
+    if args.offload_prompt_tokens < 0:
+        raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
     if args.memory_cap <= 0:
         raise UsageError("--memory-cap must be a positive number of MiB")
     if args.kv_bits == 16 and (args.kv_group_size is not None or args.kv_residual is not None):
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         memory_cap_bytes=int(args.memory_cap * 2**20),
         max_sessions=args.max_sessions,
         max_batch=args.max_batch,
+        offload_prompt_tokens=args.offload_prompt_tokens,
         store=args.store,
         api_key=api_key,
         kv_bits=args.kv_bits,

@@ -1,6 +1,7 @@
-"""The compression thread: documents posted to the server are compressed beside the decode steps.
+"""The compression thread: documents posted to the server, and long chat prompts
+(:mod:`~criticalkv.serve.prompts`), are compressed beside the decode steps.
 
-Compressing a long document is one long prefill. Run on the decode worker it would hold back
+Compressing a long document or prompt is one long prefill. Run on the decode worker it would hold back
 the next token of every answer being decoded until it ends; run here, on a thread of its own
 (one compression at a time, in arrival order), it shares the cores with the decode steps, which
 go on. Model forwards from two threads are safe: a criticalkv cache hands its layer to the

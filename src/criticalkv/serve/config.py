@@ -22,7 +22,9 @@ class ServerConfig:
     once (queued or decoding; one more answers 429) and ``max_batch`` the answers decoded at
     once, as the rows of one batch (the others wait their turn in the queue). The memory cap
     also bounds the batch: an answer starts only if the stored context it reads (counted once
-    however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``).
+    however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``). A chat
+    prompt of at least ``offload_prompt_tokens`` tokens is compressed on the compression thread
+    beside the decode steps (:mod:`~criticalkv.serve.prompts`), a shorter one on the decode worker.
     """
 
     model_name: str = "default"
@@ -36,6 +38,7 @@ class ServerConfig:
     memory_cap_bytes: int = 2 * 2**30
     max_sessions: int = 16
     max_batch: int = 8
+    offload_prompt_tokens: int = 128
     store: Path | None = None
     kv_bits: int = 16
     kv_group_size: int | None = None  # None: the bit width's default (quant_spec.DEFAULT_GROUP_SIZES)

@@ -1,17 +1,19 @@
 """The engine: the model, the context store, the decode worker and the compression thread.
 
 Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued, and run by
-worker threads, so the event loop never waits on the model. A posted document is compressed on
-the compression thread (:class:`~criticalkv.serve.compressor.Compressor`), beside the decode
-steps, so it does not stall the answers being decoded. The decode worker batches continuously:
-between two decode steps it starts what arrived while fewer than ``max_batch`` answers are
-being decoded (a prompt's prefill and first token, or a fork of a stored context: the questions
-of every answer on a stored context that starts in the same step are appended in one batched
-forward, :func:`criticalkv.runtime.append_rows`, which gives their first tokens), drops the
-answers that finished or whose client went away (freeing their forks), and then advances every
-remaining answer by one token in one batched forward (:func:`criticalkv.runtime.decode_rows`):
-the rows may come from different contexts, lengths, methods and budgets, and each decodes
-exactly as it would alone. A long answer does not hold back the first token of a new one.
+worker threads, so the event loop never waits on the model. A posted document, and the prompt
+of a chat without ``context_id`` of at least ``offload_prompt_tokens`` tokens, are compressed on
+the compression thread (:class:`~criticalkv.serve.compressor.Compressor`,
+:mod:`~criticalkv.serve.prompts`), beside the decode steps, so a long prefill does not stall
+the answers being decoded. The decode worker batches continuously: between two decode steps it
+takes the prompts whose compression ended (their first token), starts what arrived while fewer
+than ``max_batch`` answers are being decoded or compressed (a short prompt's prefill and first
+token, or a fork of a stored context: the questions of every answer on a stored context that
+starts in the same step are appended in one batched forward,
+:func:`criticalkv.runtime.append_rows`), drops the answers that finished or whose client went
+away (freeing their forks), and then advances every remaining answer by one token in one
+batched forward (:func:`criticalkv.runtime.decode_rows`): the rows may come from different
+contexts, lengths, methods and budgets, and each decodes exactly as it would alone.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat
 from criticalkv.serve.compress import check_methods, compress
 from criticalkv.serve.compressor import Compressor
 from criticalkv.serve.config import ServerConfig
-from criticalkv.serve.errors import APIError
+from criticalkv.serve.errors import APIError, server_error
 from criticalkv.serve.metrics import Metrics
+from criticalkv.serve.prompts import PromptCompressions
 from criticalkv.serve.row_memory import answer_reserve, held_bytes, token_bytes
 from criticalkv.serve.session import Channel, ChatWork, Session
 from criticalkv.serve.store import ContextStore
@@ -85,7 +88,8 @@ class Engine:
         self._active: list[Session] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="criticalkv-worker", daemon=True)
-        self.compressor = Compressor()  # posted documents, compressed beside the decode steps
+        self.compressor = Compressor()  # posted documents and long prompts, beside the decode steps
+        self.prompts = PromptCompressions(self.compressor, model)
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -161,6 +165,10 @@ class Engine:
 
         def job() -> Session | None:
             session = Session(self, work, channel)
+            if work.context_id is None and len(work.prompt_ids) >= self.config.offload_prompt_tokens:
+                session.reserve = reserve
+                self.prompts.submit(session)  # a long prompt: the worker takes it back compressed
+                return session
             try:
                 session.start()
             except BaseException:
@@ -190,11 +198,10 @@ class Engine:
                 if session is not None:
                     session.reserve = job.reserve
                 return session
-            except APIError as error:
-                channel.put("error", error)
             except Exception as error:
-                logger.exception("request failed in the worker")
-                channel.put("error", APIError(500, f"the server failed on this request: {error}", type="server_error"))
+                if not isinstance(error, APIError):
+                    logger.exception("request failed in the worker")
+                channel.put("error", server_error(error))
             return None
 
         return dataclasses.replace(job, run=guarded)
@@ -206,29 +213,33 @@ class Engine:
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._active.extend(self.prompts.take(self._release))  # compressed prompts, first token out
             self._start_arrivals()
             self._drop_finished()
             if self._active:
                 self._decode_step()
+            elif self.prompts.sessions:
+                self.prompts.wait(0.05)  # nothing to decode: until a prompt's compression ends
 
     def _start_arrivals(self) -> None:
         """Run queued jobs in order while fewer than ``max_batch`` answers decode and the next
         one fits in the memory cap beside them (waiting briefly when idle), then start the
         answers on stored contexts together (:meth:`_start_rows`)."""
         starting: list[Session] = []
-        while len(self._active) + len(starting) < self.config.max_batch:
+        compressing = self.prompts.sessions  # they count as rows: they hold memory and will decode
+        while len(self._active) + len(starting) + len(compressing) < self.config.max_batch:
             if self._waiting is None:
                 try:
-                    idle = not self._active and not starting
+                    idle = not self._active and not starting and not compressing
                     self._waiting = self._jobs.get(timeout=0.05) if idle else self._jobs.get_nowait()
                 except queue.Empty:
                     break
-            job, rows = self._waiting, [*self._active, *starting]
+            job, rows = self._waiting, [*self._active, *starting, *compressing]
             if rows and not self._fits(job, rows):
                 break  # it starts once rows that hold memory have left
             self._waiting = None
             session = job.run()
-            if session is not None:
+            if session is not None and not session.compressing:
                 (starting if session.starting() else self._active).append(session)
         if starting:
             self._start_rows(starting)

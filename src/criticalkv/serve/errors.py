@@ -43,3 +43,10 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 def not_found(message: str, param: str | None = None) -> APIError:
     return APIError(404, message, type="not_found_error", param=param, code="not_found")
+
+
+def server_error(error: Exception) -> APIError:
+    """``error`` as the request's answer: an :class:`APIError` as it is, anything else a 500."""
+    if isinstance(error, APIError):
+        return error
+    return APIError(500, f"the server failed on this request: {error}", type="server_error")

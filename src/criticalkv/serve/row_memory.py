@@ -80,7 +80,7 @@ def held_bytes(rows: Sequence[Any], reserved: bool = False) -> int:
     contexts: dict[str, int] = {}
     own = 0
     for session in rows:
-        if session.cache is None:
+        if not session.holds_memory():
             continue
         if session.work.context_id is not None:
             contexts[session.work.context_id] = session.context_bytes

@@ -79,24 +79,34 @@ class Session:
         self.context_bytes = 0  # KV bytes of the stored context the cache forks (shared with others)
         self.question: list[int] | None = None  # to append to the fork, until the answer starts
         self.reserve = 0  # the most KV bytes of its own the answer may hold (set by the engine)
+        self.compressing = False  # its prompt is on the compression thread (serve.prompts)
 
     def start(self) -> None:
         """Build the request's cache: a fork of its stored context (its question is appended with
         those of the other answers that start in the same step, :meth:`first` takes the logits),
         or a compressed prompt and its first token."""
-        model, work = self.engine.model, self.work
+        work = self.work
         if work.context_id is not None:
             _, stored = self.engine.store.get(work.context_id)
             self.cache = stored.fork()
             self.context_bytes = stored.kv_bytes()
             self.question = work.prompt_ids
             return
-        window = min(work.window, len(work.prompt_ids))  # a prompt within the window is kept whole (at budget 1)
-        engine = self.engine
-        self.cache, logits = compress(
-            model, work.prompt_ids, work.method, work.budget, window, engine.quantization, engine.repeat
-        )
+        self.cache, logits = self.compress_prompt()
         self.first(logits)
+
+    def compress_prompt(self) -> tuple[CompressedCache, torch.Tensor]:
+        """The request's prompt compressed (question-aware) and the (V,) logits that follow it;
+        touches nothing of the session, so it may run on the compression thread."""
+        work, engine = self.work, self.engine
+        window = min(work.window, len(work.prompt_ids))  # a prompt within the window is kept whole (at budget 1)
+        return compress(
+            engine.model, work.prompt_ids, work.method, work.budget, window, engine.quantization, engine.repeat
+        )
+
+    def holds_memory(self) -> bool:
+        """Whether the answer holds (or, being compressed, is building) KV bytes of its own."""
+        return self.cache is not None or self.compressing
 
     def starting(self) -> bool:
         """Whether the question still has to be appended to the fork (a batched start)."""
