@@ -19,35 +19,7 @@ from criticalkv.cache.quantized_attention import quantized_attention, unpack
 from criticalkv.cache.quantized_plan import plan
 from criticalkv.cache.quantized_prefix import build_quantized_prefix
 from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
-
-
-def _reference(
-    query: torch.Tensor,
-    prefix_kv: tuple[torch.Tensor, torch.Tensor],
-    lengths: list[int],
-    tail: QuantizedBlocks | None,
-    used: int,
-    residual: tuple[torch.Tensor, torch.Tensor],
-    mask: torch.Tensor | None,
-    scaling: float,
-) -> torch.Tensor:
-    """Original segment order throughout: (S, Q, d)."""
-    tail_kv = tail.dequantize(0, used, torch.float32) if tail is not None and used else None
-    outs = []
-    for s, n in enumerate(lengths):
-        keys, values = [prefix_kv[0][s, :n]], [prefix_kv[1][s, :n]]
-        if tail_kv is not None:
-            keys.append(tail_kv[0][s])
-            values.append(tail_kv[1][s])
-        keys.append(residual[0][s])
-        values.append(residual[1][s])
-        k, v = torch.cat(keys), torch.cat(values)
-        scores = query[s] @ k.T * scaling
-        if mask is not None:
-            allowed = torch.cat([torch.ones(query.shape[1], n, dtype=torch.bool), mask[s]], dim=-1)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.softmax(scores, -1).nan_to_num(0.0) @ v)
-    return torch.stack(outs)
+from tests.segment_attention import attend_segments
 
 
 @settings(max_examples=80, deadline=None)
@@ -99,7 +71,8 @@ def test_tiled_attention_matches_dequantize_then_attend(
     mask = None
     if masked and used * group + residual:
         mask = torch.rand(s, queries, used * group + residual, generator=g) < 0.6
-    expected = _reference(query, dense, lengths, tail, used, res, mask, d**-0.5)
+    tail_kv = tail.dequantize(0, used, torch.float32) if tail is not None and used else None
+    expected = attend_segments(query, dense, lengths, tail_kv, res, mask, d**-0.5)
     pool = prefix.decode_pool()
     assert torch.equal(prefix.dense(d, torch.float32)[0], dense[0])  # pooling moved, did not change, the bytes
     old = quantized_plan.TILE_BLOCKS

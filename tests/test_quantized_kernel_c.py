@@ -25,6 +25,7 @@ from criticalkv.cache.quantized_attention import quantized_attention
 from criticalkv.cache.quantized_plan import plan
 from criticalkv.cache.quantized_prefix import build_quantized_prefix
 from criticalkv.cache.quantized_store import empty_blocks, quantize_blocks, write_blocks
+from tests.segment_attention import attend_segments
 
 needs_compiler = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler (cc or gcc) on PATH"
@@ -36,6 +37,7 @@ def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh kernel folder, so each test compiles (or fails to) on its own."""
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CRITICALKV_KERNEL", raising=False)
+    monkeypatch.setattr(build, "_chosen", {})
     return tmp_path / "kernels"
 
 
@@ -43,25 +45,6 @@ def _library() -> ctypes.CDLL:
     library = build.load_library()
     assert isinstance(library, ctypes.CDLL), library
     return library
-
-
-def _reference(query, dense, lengths, tail_kv, residual, mask, scaling) -> torch.Tensor:
-    """Original segment order throughout: (S, Q, d)."""
-    outs = []
-    for s, n in enumerate(lengths):
-        keys, values = [dense[0][s, :n]], [dense[1][s, :n]]
-        if tail_kv is not None:
-            keys.append(tail_kv[0][s])
-            values.append(tail_kv[1][s])
-        keys.append(residual[0][s])
-        values.append(residual[1][s])
-        k, v = torch.cat(keys), torch.cat(values)
-        scores = query[s] @ k.T * scaling
-        if mask is not None:
-            allowed = torch.cat([torch.ones(query.shape[1], n, dtype=torch.bool), mask[s]], dim=-1)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.softmax(scores, -1).nan_to_num(0.0) @ v)
-    return torch.stack(outs)
 
 
 @needs_compiler
@@ -127,7 +110,8 @@ def test_c_kernel_matches_torch_kernel_and_dequantize_then_attend(
         if empty_row:
             mask[0, 0] = False
     scaling = d**-0.5
-    expected = _reference(query, dense, lengths, tail_kv, (res_k[inv, :residual], res_v[inv, :residual]), mask, scaling)
+    residual_kv = (res_k[inv, :residual], res_v[inv, :residual])
+    expected = attend_segments(query, dense, lengths, tail_kv, residual_kv, mask, scaling)
     pool = prefix.decode_pool()
     got = c_quantized_attention(
         _library(),
