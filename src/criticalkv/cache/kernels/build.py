@@ -15,6 +15,7 @@ logged warning and the torch kernel), ``c`` (the C kernel or an error saying why
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -122,6 +123,13 @@ def _compile(compiler: str, source: Path, target: Path) -> str | None:
     return complaint or "the compiler failed without a message"
 
 
+@functools.cache
+def _source(name: str) -> tuple[Path, bytes]:
+    """The kernel's source file and its bytes (read once per process)."""
+    source = Path(str(resources.files("criticalkv.cache.kernels").joinpath(f"{name}.c")))
+    return source, source.read_bytes()
+
+
 def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
     """The compiled kernel library ``name`` (``kernels/<name>.c``), building it if needed, or a
     sentence saying why it is not available. Cached per compiler, source and folder."""
@@ -130,8 +138,7 @@ def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
         wanted = os.environ.get("CC")
         why = f"CC={wanted} is not an executable" if wanted else "neither cc nor gcc is on PATH"
         return f"no C compiler found ({why}): install gcc or set CC to one"
-    source = Path(str(resources.files("criticalkv.cache.kernels").joinpath(f"{name}.c")))
-    code = source.read_bytes()
+    source, code = _source(name)
     folder = kernel_dir()
     key = (compiler, hashlib.sha256(code).hexdigest(), str(folder))
     if key in _loaded:
@@ -169,6 +176,7 @@ def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
 
 
 _warned: set[str] = set()
+_chosen: dict[tuple[str | None, ...], ctypes.CDLL | str] = {}  # environment -> load_library()'s answer
 
 
 def decode_kernel() -> ctypes.CDLL | None:
@@ -183,7 +191,10 @@ def decode_kernel() -> ctypes.CDLL | None:
     mode = kernel_mode()
     if mode == "torch":
         return None
-    library = load_library()
+    setting = tuple(os.environ.get(name) for name in ("CC", "CRITICALKV_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "PATH"))
+    library = _chosen.get(setting)
+    if library is None:  # per call is a dictionary look-up: no file or PATH search
+        library = _chosen[setting] = load_library()
     if isinstance(library, ctypes.CDLL):
         return library
     if mode == "c":
