@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,111 +29,7 @@ from typing import Any
 
 import httpx
 
-from criticalkv.haystack import essay_words, needle_question, needle_sentence
-
-QUESTION_KEY = "document {i}"
-
-
-def document(i: int, words: int) -> tuple[str, str]:
-    """Document ``i`` (``words`` words of the natural haystack from offset ``i * 997``, a needle in
-    the middle) and its question."""
-    pool = essay_words()
-    start = (i * 997) % max(len(pool) - words, 1)
-    text = pool[start : start + words]
-    needle = needle_sentence(QUESTION_KEY.format(i=i), str(1000 + 37 * i))
-    middle = len(text) // 2
-    return " ".join([*text[:middle], needle, *text[middle:]]), needle_question(QUESTION_KEY.format(i=i))
-
-
-def start_server(port: int, store: Path, method: str, budget: float, bits: int, args: argparse.Namespace) -> Any:
-    cap_mib = args.memory_cap_mib
-    command = [
-        sys.executable, "-m", "criticalkv.cli", "serve", "--model", "default", "--method", method,
-        "--budget", str(budget), "--window", str(args.window), "--memory-cap", str(cap_mib),
-        "--max-batch", str(args.max_batch), "--max-sessions", str(4 * args.max_batch),
-        "--max-new-tokens", str(args.max_tokens), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-        "--kv-bits", str(bits),
-    ]  # fmt: skip
-    server = subprocess.Popen(command, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.kill()
-    raise RuntimeError("the server did not start within 600 s")
-
-
-def chat(url: str, question: str, max_tokens: int, context_id: str | None, content: str = "") -> dict[str, Any]:
-    """One request (not streamed): its wall time, completion tokens and answer."""
-    body: dict[str, Any] = {
-        "model": "default",
-        "messages": [{"role": "user", "content": content + question}],
-        "max_tokens": max_tokens,
-    }
-    if context_id is not None:
-        body["context_id"] = context_id
-    started = time.perf_counter()
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=3600)
-    if response.status_code != 200:
-        raise RuntimeError(f"{response.status_code}: {response.text}")
-    reply = response.json()
-    text = reply["choices"][0]["message"]["content"]
-    return {"wall_s": time.perf_counter() - started, "tokens": int(reply["usage"]["completion_tokens"]), "text": text}
-
-
-def first_token(url: str, question: str, context_id: str | None, content: str = "") -> float:
-    """Seconds from sending a streamed request to its first event with text or its end."""
-    body: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": content + question}],
-                            "max_tokens": 4, "stream": True}  # fmt: skip
-    if context_id is not None:
-        body["context_id"] = context_id
-    started = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"{response.status_code}: {response.read().decode()}")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                break
-            choice = json.loads(line[6:])["choices"][0]
-            if choice["delta"].get("content") or choice.get("finish_reason"):
-                return time.perf_counter() - started
-    return time.perf_counter() - started
-
-
-def burst(url: str, ids: list[str], questions: list[str], max_tokens: int) -> dict[str, Any]:
-    results: list[dict[str, Any]] = [{} for _ in ids]
-    gate = threading.Barrier(len(ids))
-
-    def run(i: int) -> None:
-        gate.wait()
-        results[i] = chat(url, questions[i], max_tokens, ids[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(ids))]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
-    tokens = sum(r["tokens"] for r in results)
-    walls = sorted(r["wall_s"] for r in results)
-    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "request_s_median": walls[len(walls) // 2],
-            "answers": [r["text"] for r in results]}  # fmt: skip
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+from serving_client import burst, document, first_token, metric, start_server
 
 
 def done_keys(path: Path) -> set[tuple[Any, ...]]:
@@ -149,6 +42,20 @@ def done_keys(path: Path) -> set[tuple[Any, ...]]:
                 keys.add((r["kind"], r["method"], r["budget"], r.get("kv_bits", 16), r.get("words"), r.get("clients"),
                           r.get("repeat")))  # fmt: skip
     return keys
+
+
+def stall_done(args: argparse.Namespace, target: Target) -> bool:
+    """Whether ``--out`` holds this stall measurement already (same config, document and path)."""
+    if not args.out.exists():
+        return False
+    want = (target.method, target.budget, target.bits, args.words, args.stall_via, args.offload_prompt_tokens)
+    for line in args.out.read_text().splitlines():
+        r = json.loads(line) if line.strip() else {}
+        got = (r.get("method"), r.get("budget"), r.get("kv_bits", 16), r.get("words"), r.get("stall_via", "post"),
+               r.get("offload_prompt_tokens"))  # fmt: skip
+        if r.get("kind") == "stall" and got == want:
+            return True
+    return False
 
 
 def contexts_record(path: Path, method: str, budget: float, bits: int) -> dict[str, Any] | None:
@@ -204,7 +111,8 @@ class Target:
     def burst(self, n: int, repeat: int, out: Any, lock: threading.Lock) -> None:
         picks = [i % len(self.docs) for i in range(n)]
         before = {k: metric(self.url, k) for k in TTFT_KEYS}
-        result = burst(self.url, [self.ids[i] for i in picks], [self.docs[i][1] for i in picks], self.args.max_tokens)
+        ids, questions = [self.ids[i] for i in picks], [self.docs[i][1] for i in picks]
+        result = burst(self.url, ids, questions, self.args.max_tokens, model=self.args.model)
         after = {k: metric(self.url, k) for k in TTFT_KEYS}
         count = after[TTFT_KEYS[1]] - before[TTFT_KEYS[1]]
         result.update(self.base, kind="burst", clients=n, repeat=repeat, documents=len(self.docs))
@@ -216,25 +124,34 @@ class Target:
 
     def ttft(self, repeat: int, out: Any, lock: threading.Lock) -> None:
         text, question = self.docs[0]
-        stored = first_token(self.url, question, self.ids[0])
-        fresh = first_token(self.url, question, None, content=text + "\n\n")
+        stored = first_token(self.url, question, self.ids[0], model=self.args.model)
+        fresh = first_token(self.url, question, None, content=text + "\n\n", model=self.args.model)
         write(out, lock, {**self.base, "kind": "ttft", "repeat": repeat, "stored_s": stored, "compress_anew_s": fresh})
 
     def stall(self, out: Any, lock: threading.Lock) -> None:
         """The longest gap between the streamed tokens of an answer while a new document of
-        ``--stall-words`` words is posted (compressed) after its first token."""
-        text, _ = document(self.args.documents, self.args.stall_words)
-        body = {"model": "default", "messages": [{"role": "user", "content": self.docs[0][1]}],
+        ``--stall-words`` words arrives after its first token: posted as a context (``--stall-via
+        post``, compressed and stored) or sent as a chat prompt without ``context_id`` (``chat``)."""
+        text, question = document(self.args.documents, self.args.stall_words)
+        via = self.args.stall_via
+        body = {"model": self.args.model, "messages": [{"role": "user", "content": self.docs[0][1]}],
                 "max_tokens": self.args.max_tokens, "stream": True, "context_id": self.ids[0]}  # fmt: skip
         times: list[float] = []
-        posted: dict[str, Any] = {}
+        sent: dict[str, Any] = {}
 
-        def post() -> None:
+        def send() -> None:
             started = time.perf_counter()
-            info = httpx.post(self.url + "/v1/contexts", json={"text": text}, timeout=7200).json()
-            posted.update(tokens=info["tokens"], post_s=time.perf_counter() - started, started=started)
+            if via == "post":
+                info = httpx.post(self.url + "/v1/contexts", json={"text": text}, timeout=7200).json()
+                sent.update(tokens=info["tokens"])
+            else:
+                prompt = {"model": self.args.model, "max_tokens": 1,
+                          "messages": [{"role": "user", "content": text + "\n\n" + question}]}  # fmt: skip
+                reply = httpx.post(self.url + "/v1/chat/completions", json=prompt, timeout=7200).json()
+                sent.update(tokens=reply["usage"]["prompt_tokens"])
+            sent.update(post_s=time.perf_counter() - started, started=started)
 
-        poster = threading.Thread(target=post)
+        sender = threading.Thread(target=send)
         with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=7200) as response:
             for line in response.iter_lines():
                 if (
@@ -244,13 +161,14 @@ class Target:
                 ):
                     times.append(time.perf_counter())
                     if len(times) == 1:
-                        poster.start()
-        poster.join()
+                        sender.start()
+        sender.join()
         gaps = [b - a for a, b in itertools.pairwise(times)]
-        write(out, lock, {**self.base, "kind": "stall", "streamed_tokens": len(times),
-                          "max_gap_s": max(gaps, default=0.0), "gaps_s": gaps, "document_tokens": posted["tokens"],
-                          "post_s": posted["post_s"],
-                          "post_after_first_token_s": posted["started"] - times[0]})  # fmt: skip
+        write(out, lock, {**self.base, "kind": "stall", "stall_via": via, "streamed_tokens": len(times),
+                          "offload_prompt_tokens": self.args.offload_prompt_tokens,
+                          "max_gap_s": max(gaps, default=0.0), "gaps_s": gaps, "document_tokens": sent["tokens"],
+                          "post_s": sent["post_s"],
+                          "post_after_first_token_s": sent["started"] - times[0]})  # fmt: skip
 
     def stop(self) -> None:
         self.server.terminate()
@@ -290,8 +208,7 @@ def measure(args: argparse.Namespace, out: Any) -> None:
             for t in targets:
                 if ("ttft", t.method, t.budget, t.bits, args.words, None, repeat) not in done:
                     t.ttft(repeat, out, lock)
-        if args.stall_words and ("stall", targets[0].method, targets[0].budget, targets[0].bits, args.words, None,
-                                 None) not in done:  # fmt: skip
+        if args.stall_words and not stall_done(args, targets[0]):
             targets[0].stall(out, lock)
     finally:
         for t in targets:
@@ -323,11 +240,12 @@ def report(path: Path) -> str:
               "|---|---|---|---|"]  # fmt: skip
     for r in (r for r in records if r["kind"] == "ttft"):
         lines.append(f"| {r['method']} | {r['budget']} | {r['stored_s']:.2f} | {r['compress_anew_s']:.2f} |")
-    lines += ["", "| method | budget | kv bits | document tokens posted | its POST s | streamed tokens | longest gap s |",  # noqa: E501
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| method | budget | kv bits | document sent as | its tokens | its request s | streamed tokens | "
+              "longest gap s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in (r for r in records if r["kind"] == "stall"):
-        lines.append(f"| {r['method']} | {r['budget']} | {r['kv_bits']} | {r['document_tokens']} | {r['post_s']:.1f} | "
-                     f"{r['streamed_tokens']} | {r['max_gap_s']:.1f} |")  # fmt: skip
+        lines.append(f"| {r['method']} | {r['budget']} | {r['kv_bits']} | {r.get('stall_via', 'post')} | "
+                     f"{r['document_tokens']} | {r['post_s']:.1f} | {r['streamed_tokens']} | "
+                     f"{r['max_gap_s']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -335,6 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", action="store_true", help="print markdown tables of --out and exit")
+    parser.add_argument("--model", default="default", help="what `criticalkv serve --model` takes")
     parser.add_argument("--configs", default="full:1.0,critical-adakv:0.2", help="method:budget[:kv_bits],...")
     parser.add_argument("--clients", default="1,4,8", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--words", type=int, default=3000, help="words per document (about 4K tokens)")
@@ -353,6 +272,10 @@ def main() -> None:
         default=0,
         help="post a document of this many words while an answer streams (the first config's)",
     )
+    parser.add_argument("--stall-via", choices=("post", "chat"), default="post",
+                        help="the stall's document: POSTed as a context, or sent as a chat prompt")  # fmt: skip
+    parser.add_argument("--offload-prompt-tokens", type=int, default=None,
+                        help="passed to every server (default: the server's own)")  # fmt: skip
     args = parser.parse_args()
     if args.report:
         print(report(args.out))
