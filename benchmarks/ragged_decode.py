@@ -14,7 +14,10 @@ paired ratio (cache / reference in the same step), with a 95% bootstrap interval
 ``--kv-bits`` stores every cache's kept entries in 8 or 4 bits unless its spec says ``:BITS``
 (16, 8 or 4). ``/c`` or ``/torch`` runs that cache's steps (prefill included) with
 ``CRITICALKV_KERNEL`` set to it, so the C and torch quantized kernels can be paired in one process
-(``critical-adakv@0.2:4/torch critical-adakv@0.2:4/c``). One JSON line per cache.
+(``critical-adakv@0.2:4/torch critical-adakv@0.2:4/c``). A spec ending in ``+cancel`` decodes with
+the server's hang-up check (``serve/cancel.py``) before every decoder layer, as ``criticalkv serve``
+runs its decode steps (``critical-adakv@0.2 critical-adakv@0.2+cancel``: the check's cost). One JSON
+line per cache.
 """
 
 from __future__ import annotations
@@ -33,12 +36,23 @@ import torch
 from criticalkv import CompressedCache, attach, load_model
 from criticalkv.cache.kernels.build import KERNEL_ENV
 from criticalkv.compat import cache_argument
+from criticalkv.serve.cancel import check_cancelled
 from decode_compression import prompt_ids
+
+CANCEL = "+cancel"
+
+
+def cancel_hooks(model: torch.nn.Module, spec: str) -> list[Any]:
+    """For a ``+cancel`` spec, the server's hang-up check put before every decoder layer (handles to
+    remove it after the step); no hooks otherwise."""
+    if not spec.endswith(CANCEL):
+        return []
+    return [layer.register_forward_pre_hook(check_cancelled) for layer in model.get_decoder().layers]
 
 
 def kernel_of(spec: str) -> str | None:
     """The ``/KERNEL`` of a spec (``c`` or ``torch``), or ``None``."""
-    _, _, kernel = spec.partition("/")
+    _, _, kernel = spec.removesuffix(CANCEL).partition("/")
     if kernel and kernel not in ("c", "torch"):
         raise ValueError(f"a spec's kernel is /c or /torch, not {spec!r}")
     return kernel or None
@@ -55,7 +69,7 @@ def use_kernel(spec: str) -> None:
 
 def parse(spec: str, kv_bits: int) -> tuple[str, float | int, int]:
     """``METHOD@BUDGET[:BITS][/KERNEL]`` as (method, budget, bits); ``kv_bits`` when the spec names none."""
-    method, _, rest = spec.partition("/")[0].partition("@")
+    method, _, rest = spec.removesuffix(CANCEL).partition("/")[0].partition("@")
     budget, _, bits = rest.partition(":")
     if not method or not budget or (bits and bits not in ("16", "8", "4")):
         raise ValueError(f"a spec is METHOD@BUDGET[:BITS] with BITS 16, 8 or 4, e.g. adakv@0.2:4, not {spec!r}")
@@ -111,9 +125,12 @@ def main() -> None:
         nxt = token
         for spec, cache in order:
             use_kernel(spec)
+            hooks = cancel_hooks(model, spec)
             started_wall, started_cpu = time.perf_counter(), time.thread_time()
             out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
             took_wall, took_cpu = time.perf_counter() - started_wall, time.thread_time() - started_cpu
+            for hook in hooks:
+                hook.remove()
             if step >= args.warmup:
                 wall[spec].append(1000 * took_wall)
                 cpu[spec].append(1000 * took_cpu)
@@ -127,6 +144,7 @@ def main() -> None:
             "prompt_tokens": args.prompt_tokens,
             "kv_bits": parse(spec, args.kv_bits)[2],
             "kernel": kernel_of(spec),
+            "cancel_check": spec.endswith(CANCEL),
             "kv_bytes": cache.kv_bytes(),
             "steps": args.steps,
             "threads": args.threads,

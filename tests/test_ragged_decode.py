@@ -5,12 +5,17 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from criticalkv.serve.cancel import Cancelled, cancellable
+from tests.conftest import make_tiny
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -60,3 +65,20 @@ def test_specs_name_method_budget_and_bits() -> None:
     for bad in ("adakv", "adakv@", "adakv@0.2:3", "@0.2"):
         with pytest.raises(ValueError, match=r"METHOD@BUDGET\[:BITS\]"):
             ragged_decode.parse(bad, 16)
+
+
+def test_a_cancel_spec_adds_the_servers_check_before_every_layer_for_its_steps_only() -> None:
+    assert ragged_decode.parse("critical-adakv@0.2:4/c+cancel", 16) == ("critical-adakv", 0.2, 4)
+    assert ragged_decode.kernel_of("critical-adakv@0.2:4/c+cancel") == "c"
+    model = make_tiny("llama")
+    layers = model.get_decoder().layers
+    assert ragged_decode.cancel_hooks(model, "adakv@0.2") == []
+    hooks = ragged_decode.cancel_hooks(model, "adakv@0.2+cancel")
+    assert len(hooks) == len(layers) and all(len(layer._forward_pre_hooks) == 1 for layer in layers)
+    event = threading.Event()
+    event.set()
+    with pytest.raises(Cancelled), cancellable(event):
+        model(input_ids=torch.tensor([[1, 2, 3]]))  # the check is the server's own: it fires
+    for hook in hooks:
+        hook.remove()
+    assert all(not layer._forward_pre_hooks for layer in layers)

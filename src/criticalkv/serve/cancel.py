@@ -24,7 +24,9 @@ class Cancelled(Exception):
     """The request's client went away while its prompt was being prefilled."""
 
 
-def _check(_module: Any, _args: Any) -> None:
+def check_cancelled(_module: Any, _args: Any) -> None:
+    """The forward pre-hook :func:`watch_layers` puts on each decoder layer: raises :class:`Cancelled`
+    inside :func:`cancellable` once the event is set; elsewhere (a decode step) one context-variable read."""
     event = _EVENT.get()
     if event is not None and event.is_set():
         raise Cancelled("the client went away during the prompt's prefill")
@@ -35,7 +37,7 @@ def watch_layers(model: Any) -> None:
     if model in _WATCHED:
         return
     for layer in model.get_decoder().layers:
-        layer.register_forward_pre_hook(_check)
+        layer.register_forward_pre_hook(check_cancelled)
     _WATCHED.add(model)
 
 
