@@ -1,0 +1,68 @@
+"""What a prompt's prefill costs in decode steps: the basis of ``criticalkv serve
+--offload-prompt-tokens`` (a prompt prefilled on the decode worker holds every row for that long).
+
+    PYTHONPATH=src:benchmarks python benchmarks/prefill_cost.py [--lengths 16,32,64,128,256,512,1024]
+
+For each prompt length, the compressed prefill (the server's method and budget, one request) is
+timed best of ``--repeats``; beside it the median of ``--steps`` decode steps of a cache holding a
+``--context-tokens`` document at the same budget (what a served row costs per step). Prints one JSON
+line per length: prefill ms, ms per prompt token, and the prefill in decode steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from criticalkv import CompressedCache, attach, load_model
+from criticalkv.compat import cache_argument
+from decode_compression import prompt_ids
+
+
+def timed_prefill(model: torch.nn.Module, ids: torch.Tensor, method: str, budget: float) -> tuple[float, object]:
+    cache = CompressedCache.for_model(model, method, budget, window=min(32, ids.shape[1]))
+    started = time.perf_counter()
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
+    return 1000 * (time.perf_counter() - started), (cache, out.logits[:, -1].argmax(-1, keepdim=True))
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="16,32,64,128,256,512,1024")
+    parser.add_argument("--method", default="critical-adakv")
+    parser.add_argument("--budget", type=float, default=0.2)
+    parser.add_argument("--context-tokens", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("default")
+    attach(model)
+    context = prompt_ids(tokenizer, args.context_tokens)
+    _, (cache, token) = timed_prefill(model, context, args.method, args.budget)
+    mask, steps = torch.ones(1, context.shape[1], dtype=torch.long), []
+    for _ in range(args.steps + 2):
+        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+        position = torch.tensor([[mask.shape[1] - 1]])
+        started = time.perf_counter()
+        out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+        steps.append(1000 * (time.perf_counter() - started))
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    step = statistics.median(steps[2:])
+    for length in (int(x) for x in args.lengths.split(",") if x):
+        ids = prompt_ids(tokenizer, length)
+        best = min(timed_prefill(model, ids, args.method, args.budget)[0] for _ in range(args.repeats))
+        print(json.dumps({"prompt_tokens": length, "method": args.method, "budget": args.budget,
+                          "prefill_ms": round(best, 2), "ms_per_token": round(best / length, 3),
+                          "decode_step_ms": round(step, 2), "context_tokens": args.context_tokens,
+                          "prefill_in_decode_steps": round(best / step, 2)}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
