@@ -223,19 +223,23 @@ def report(path: Path) -> str:
     for r in (r for r in records if r["kind"] == "contexts"):
         lines.append(f"| {r['method']} | {r['budget']} | {r.get('kv_bits', 16)} | {r['tokens']} | {r['kv_bytes']:,} | "
                      f"{r['sessions_fit']} | {r['create_s']} |")  # fmt: skip
-    lines += ["", "| method | budget | N clients | aggregate tokens/s (each repeat) | median | burst wall s | "
-              "tokens | mean TTFT s | most rows in one step / one start (server so far) |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| method | budget | kv bits | N clients | aggregate tokens/s (each repeat) | median | "
+              "burst wall s | tokens | mean TTFT s | most rows in one step / one start (server so far) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     bursts = [r for r in records if r["kind"] == "burst"]
-    for key in sorted({(r["method"], r["budget"], r["clients"]) for r in bursts}, key=lambda k: (k[2], -k[1])):
-        rs = [r for r in bursts if (r["method"], r["budget"], r["clients"]) == key]
+
+    def burst_key(r: dict[str, Any]) -> tuple[str, float, int, int]:
+        return r["method"], r["budget"], r.get("kv_bits", 16), r["clients"]
+
+    for key in sorted({burst_key(r) for r in bursts}, key=lambda k: (k[3], -k[1], -k[2])):
+        rs = [r for r in bursts if burst_key(r) == key]
         rates = sorted(r["tokens_per_s"] for r in rs)
         walls = ", ".join(f"{r['wall_s']:.1f}" for r in rs)
         each = ", ".join(f"{x:.3f}" for x in rates)
         rows = f"{int(rs[-1]['decode_rows_max'])} / {int(rs[-1].get('start_rows_max', 1))}"
         ttft = ", ".join(f"{r['ttft_mean_s']:.1f}" for r in rs if r.get("ttft_mean_s") is not None) or "-"
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {each} | {statistics.median(rates):.3f} | {walls} | "
-                     f"{rs[0]['tokens']} | {ttft} | {rows} |")  # fmt: skip
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {each} | {statistics.median(rates):.3f} | "
+                     f"{walls} | {rs[0]['tokens']} | {ttft} | {rows} |")  # fmt: skip
     lines += ["", "| method | budget | first token, stored context (s) | first token, compressed anew (s) |",
               "|---|---|---|---|"]  # fmt: skip
     for r in (r for r in records if r["kind"] == "ttft"):

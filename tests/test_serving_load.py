@@ -48,3 +48,15 @@ def test_a_burst_and_the_prompt_stalls_are_recorded_once_each(tmp_path: Path) ->
     assert again.returncode == 0 and len(out.read_text().splitlines()) == len(records)
     table = run("--out", str(out), "--report")
     assert table.returncode == 0 and table.stdout.count("| critical-adakv | 0.5 | 16 | chat |") == 2
+
+
+def test_the_report_keeps_storage_widths_of_one_method_apart(tmp_path: Path) -> None:
+    out = tmp_path / "load.jsonl"
+    burst = {"kind": "burst", "method": "critical-adakv", "budget": 0.2, "clients": 4, "repeat": 0, "wall_s": 2.0,
+             "tokens": 32, "decode_rows_max": 4, "start_rows_max": 2, "ttft_mean_s": 0.5}  # fmt: skip
+    lines = [{**burst, "kv_bits": 16, "tokens_per_s": 8.0}, {**burst, "kv_bits": 4, "tokens_per_s": 6.0}]
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = run("--out", str(out), "--report")
+    assert table.returncode == 0, table.stderr
+    assert "| critical-adakv | 0.2 | 16 | 4 | 8.000 | 8.000 |" in table.stdout
+    assert "| critical-adakv | 0.2 | 4 | 4 | 6.000 | 6.000 |" in table.stdout
