@@ -23,8 +23,18 @@ from criticalkv.compat import cache_argument
 from decode_compression import prompt_ids
 
 
-def timed_prefill(model: torch.nn.Module, ids: torch.Tensor, method: str, budget: float) -> tuple[float, object]:
-    cache = CompressedCache.for_model(model, method, budget, window=min(32, ids.shape[1]))
+def served_budget(tokens: int, budget: float, window: int) -> tuple[float, int]:
+    """(budget, window) as ``criticalkv serve`` compresses a chat prompt of ``tokens`` tokens at its
+    defaults: the window at most the prompt; a prompt too short for ``budget`` is kept whole."""
+    window = min(window, tokens)
+    return (budget, window) if int(budget * tokens) >= window else (1.0, window)
+
+
+def timed_prefill(
+    model: torch.nn.Module, ids: torch.Tensor, method: str, budget: float, window: int
+) -> tuple[float, object]:
+    budget, window = served_budget(ids.shape[1], budget, window)
+    cache = CompressedCache.for_model(model, method, budget, window=window)
     started = time.perf_counter()
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
     return 1000 * (time.perf_counter() - started), (cache, out.logits[:, -1].argmax(-1, keepdim=True))
@@ -36,6 +46,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="16,32,64,128,256,512,1024")
     parser.add_argument("--method", default="critical-adakv")
     parser.add_argument("--budget", type=float, default=0.2)
+    parser.add_argument("--window", type=int, default=64, help="the server's default observation window")
     parser.add_argument("--context-tokens", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -45,7 +56,7 @@ def main() -> None:
     model, tokenizer = load_model("default")
     attach(model)
     context = prompt_ids(tokenizer, args.context_tokens)
-    _, (cache, token) = timed_prefill(model, context, args.method, args.budget)
+    _, (cache, token) = timed_prefill(model, context, args.method, args.budget, args.window)
     mask, steps = torch.ones(1, context.shape[1], dtype=torch.long), []
     for _ in range(args.steps + 2):
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
@@ -57,9 +68,10 @@ def main() -> None:
     step = statistics.median(steps[2:])
     for length in (int(x) for x in args.lengths.split(",") if x):
         ids = prompt_ids(tokenizer, length)
-        best = min(timed_prefill(model, ids, args.method, args.budget)[0] for _ in range(args.repeats))
+        best = min(timed_prefill(model, ids, args.method, args.budget, args.window)[0] for _ in range(args.repeats))
+        whole = served_budget(length, args.budget, args.window)[0] == 1.0
         print(json.dumps({"prompt_tokens": length, "method": args.method, "budget": args.budget,
-                          "prefill_ms": round(best, 2), "ms_per_token": round(best / length, 3),
+                          "kept_whole": whole, "prefill_ms": round(best, 2), "ms_per_token": round(best / length, 3),
                           "decode_step_ms": round(step, 2), "context_tokens": args.context_tokens,
                           "prefill_in_decode_steps": round(best / step, 2)}), flush=True)  # fmt: skip
 
