@@ -53,6 +53,15 @@ def dynamic_cache_bytes(cache: Any) -> int:
     return sum(state_bytes(getattr(layer, name, None)) for layer in cache.layers for name in _KV_ATTRIBUTES)
 
 
+def cache_bits_per_element(cache: Any, batch: int, kv_width: int) -> float | None:
+    """Bits per key or value element a transformers cache holds (its bytes over the entries each
+    layer holds: ``get_seq_length()`` tokens x ``batch`` rows x ``kv_width``, KV heads x head
+    dimension); a cache that masks evicted entries instead of removing them counts them all.
+    ``None`` if it holds nothing."""
+    elements = 2 * sum(layer.get_seq_length() for layer in cache.layers) * batch * kv_width
+    return 8.0 * dynamic_cache_bytes(cache) / elements if elements else None
+
+
 @torch.no_grad()
 def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchRecord:
     """The reference: transformers' ``DynamicCache`` with sdpa attention, nothing evicted."""

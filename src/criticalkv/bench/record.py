@@ -27,8 +27,9 @@ class BenchRecord:
     ``kv_bytes_final`` is what the cache holds after the last decode step. ``kv_bits``,
     ``kv_group_size`` and ``kv_residual`` are set for quantized storage (ours, or kvpress's press
     on transformers' ``QuantizedCache``), ``bits_per_element`` the bits per key or value element
-    right after compression (scales, zero points and the full-precision residual included; ours
-    only). ``press`` names kvpress's press (``None`` for criticalkv's rows).
+    right after compression (scales, zero points and the full-precision residual included; for
+    kvpress, over every entry its cache holds, masked ones included; ``None`` for the full
+    cache). ``press`` names kvpress's press (``None`` for criticalkv's rows).
     """
 
     impl: str

@@ -103,7 +103,7 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
     """A fixed-width table, one line per record, then ``notes`` (why a kvpress pair is missing).
 
     ``KV MB`` is what the cache holds right after compression, ``KV peak`` the most at any decode
-    step and ``KV final`` after the last; ``bits`` the bits per element of quantized rows; ``vs
+    step and ``KV final`` after the last; ``bits`` the bits per element held after compression; ``vs
     16b`` the decode speed over the same row unquantized; ``kvpress`` the press beside the row."""
     header = (
         f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
