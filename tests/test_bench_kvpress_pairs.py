@@ -126,6 +126,7 @@ def test_a_masking_press_on_a_quantized_cache_holds_every_entry(tiny_llama: PreT
     held = 8 * theirs.kv_bytes / theirs.bits_per_element  # elements held (keys and values)
     assert held == pytest.approx(8 * theirs.kv_bytes_full / 32)  # every entry of the prompt
     assert ours.kv_bytes < 0.5 * theirs.kv_bytes  # ours evicted three quarters before quantizing
+    assert theirs.greedy_tokens is not None and [len(row) for row in theirs.greedy_tokens] == [2 + 2] * 2
 
 
 def test_cli_decode_budget_beside_kvpress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -202,6 +202,7 @@ def measure_kvpress_decode(
         kv_bytes_peak=run.kv_bytes_peak,
         kv_bytes_final=run.kv_bytes_final,
         bits_per_element=run.bits_per_element,
+        greedy_tokens=run.greedy_tokens,
         decode=(decode_budget, decode_interval, cuts[0]),  # per layer, as ours counts its re-selections
         press=press_label(press),
     )

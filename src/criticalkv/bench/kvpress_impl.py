@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import DynamicCache
 
-from criticalkv.bench.decode import timed_decode
+from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.kvpress_quantized import quantized_cache
 from criticalkv.bench.measure import now, reset_peak_memory, synchronize
 from criticalkv.bench.ours import StorageOptions, cache_bits_per_element, dynamic_cache_bytes
@@ -90,7 +90,7 @@ def press_label(press: Any) -> str:
 class PressRun(NamedTuple):
     """What :func:`run_press` measured: time to first token, KV bytes after the prefill, the most
     at any decode step, after the last step, seconds per step, and bits per element held after
-    the prefill (:func:`criticalkv.bench.ours.cache_bits_per_element`)."""
+    the prefill (:func:`criticalkv.bench.ours.cache_bits_per_element`), each row's greedy tokens."""
 
     ttft_s: float
     kv_bytes: int
@@ -98,6 +98,7 @@ class PressRun(NamedTuple):
     kv_bytes_final: int
     step_s: float
     bits_per_element: float | None
+    greedy_tokens: list[list[int]]
 
 
 @torch.no_grad()
@@ -118,10 +119,17 @@ def run_press(
         kv = dynamic_cache_bytes(cache)
         bits = cache_bits_per_element(cache, ids.shape[0], _kv_width(model))
         peak = [kv]
+        tokens: list[torch.Tensor] = []
         step_s = timed_decode(
-            model, cache, first, ids.shape[1], decode_tokens, after_step=lambda: peak.append(dynamic_cache_bytes(cache))
+            model,
+            cache,
+            first,
+            ids.shape[1],
+            decode_tokens,
+            after_step=lambda: peak.append(dynamic_cache_bytes(cache)),
+            tokens=tokens,
         )
-    return PressRun(ttft, kv, max(peak), dynamic_cache_bytes(cache), step_s, bits)
+    return PressRun(ttft, kv, max(peak), dynamic_cache_bytes(cache), step_s, bits, greedy_ids(first, tokens))
 
 
 @torch.no_grad()
@@ -172,6 +180,7 @@ def measure_kvpress(
         kv_bytes_final=run.kv_bytes_final,
         storage=storage,
         bits_per_element=run.bits_per_element,
+        greedy_tokens=run.greedy_tokens,
         press=label if storage is None else f"{label}+{backend}{storage[0]}",
     )
 
