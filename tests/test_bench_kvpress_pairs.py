@@ -95,6 +95,8 @@ def test_kvpress_on_a_quanto_cache_beside_ours_quantized(tiny_llama: PreTrainedM
     quanto, plain = by[("kvpress", "snapkv", 4)], by[("kvpress", "snapkv", None)]
     assert quanto.press == "SnapKV+quanto4" and (quanto.kv_group_size, quanto.kv_bits) == (8, 4)
     assert quanto.kv_bytes < plain.kv_bytes
+    assert plain.bits_per_element == 32.0  # float32 DynamicCache
+    assert quanto.bits_per_element == pytest.approx(4 + 2 * 32 / 8)  # a float32 scale and shift per group of 8
     row = next(r for r in derived([r.to_dict() for r in records]) if r["impl"] == "criticalkv" and r["kv_bits"])
     assert row["kvpress_pair"] == "SnapKV+quanto4" and row["decode_speedup_vs_kvpress"] is not None
 
@@ -109,6 +111,22 @@ def test_kvpress_on_an_hqq_cache_where_quanto_is_absent(tiny_llama: PreTrainedMo
     hqq, plain = by[("kvpress", "snapkv", 4)], by[("kvpress", "snapkv", None)]
     assert hqq.press == "SnapKV+hqq4" and (hqq.kv_group_size, hqq.kv_bits) == (8, 4)
     assert hqq.kv_bytes < plain.kv_bytes
+
+
+@pytest.mark.skipif(pair_unavailable(4) is not None, reason="no QuantizedCache backend (quanto or hqq) imports here")
+def test_a_masking_press_on_a_quantized_cache_holds_every_entry(tiny_llama: PreTrainedModel) -> None:
+    """kvpress's AdaKV masks: on transformers' QuantizedCache it still holds all 96 entries (at 4
+    bits), ours holds the kept quarter; both count the same bits per entry held."""
+    config = _config(methods=["adakv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"))
+    by = {(r.impl, r.kv_bits): r for r in records if r.method == "adakv"}
+    theirs, theirs_plain, ours = by[("kvpress", 4)], by[("kvpress", None)], by[("criticalkv", 4)]
+    assert theirs_plain.kv_bytes == theirs_plain.kv_bytes_full and theirs_plain.bits_per_element == 32.0
+    assert theirs.bits_per_element is not None and theirs.bits_per_element < 16
+    held = 8 * theirs.kv_bytes / theirs.bits_per_element  # elements held (keys and values)
+    assert held == pytest.approx(8 * theirs.kv_bytes_full / 32)  # every entry of the prompt
+    assert ours.kv_bytes < 0.5 * theirs.kv_bytes  # ours evicted three quarters before quantizing
+    assert theirs.greedy_tokens is not None and [len(row) for row in theirs.greedy_tokens] == [2 + 2] * 2
 
 
 def test_cli_decode_budget_beside_kvpress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

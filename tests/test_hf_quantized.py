@@ -10,12 +10,13 @@ from types import ModuleType
 
 import pytest
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
-from criticalkv.bench.ours import dynamic_cache_bytes, state_bytes
+from criticalkv.bench.ours import cache_bits_per_element, dynamic_cache_bytes, state_bytes
 from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.unit import SampleEvaluator
+from criticalkv.runtime.forward import prefill_into
 from tests.conftest import VOCAB, make_tiny
 from tests.tiny_tokenizer import char_tokenizer
 
@@ -75,8 +76,21 @@ def test_hqq_bytes_are_codes_plus_float32_scales_and_zeros(model: PreTrainedMode
     n = b * h * t * d  # elements per tensor; a scale and a zero point (float32) per group of ``group``
     per_tensor = n * bits // 8 + 2 * (n // group) * 4
     assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor
+    assert cache_bits_per_element(cache, b, h * d) == pytest.approx(8 * per_tensor / n)  # bits + 64 / group
     cache.update(torch.randn(b, h, 3, d, generator=g), torch.randn(b, h, 3, d, generator=g), 0)  # 3 exact tokens
     assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * per_tensor + 2 * b * h * 3 * d * 4
+
+
+def test_bits_per_element_of_a_dynamic_cache(model: PreTrainedModel) -> None:
+    """float32 keys and values: 32 bits over every entry held; nothing held: ``None``."""
+    cache = DynamicCache(config=model.config)
+    width = model.config.num_key_value_heads * model.config.head_dim
+    assert cache_bits_per_element(cache, 2, width) is None
+    ids = torch.randint(3, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        prefill_into(model, cache, ids, torch.ones_like(ids))
+    assert cache_bits_per_element(cache, 2, width) == 32.0
+    assert cache_bits_per_element(cache, 1, width) == 64.0  # the batch counts: bytes over (rows x entries)
 
 
 @needs_hqq
@@ -128,7 +142,7 @@ def test_the_kvpress_pairing_falls_back_to_hqq(model: PreTrainedModel) -> None:
     cache, backend = quantized_cache(model, (8, 16, None))
     assert backend == "hqq" and cache.layers[0].residual_length == 64 and cache.layers[0].q_group_size == 16
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        model(input_ids=ids, cache=cache)
+    with torch.no_grad():  # the runtime's call: the cache keyword differs across transformers versions
+        prefill_into(model, cache, ids, torch.ones_like(ids))
     n = 2 * 40 * 16  # one row, 2 KV heads, 40 tokens, head_dim 16
     assert dynamic_cache_bytes(cache) == 2 * model.config.num_hidden_layers * (n + 2 * (n // 16) * 4)

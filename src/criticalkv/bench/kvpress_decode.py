@@ -187,20 +187,22 @@ def measure_kvpress_decode(
     press.decoding_press.compress = counted
     reset_peak_memory(ids.device)
     cache = DynamicCache(config=model.config)
-    ttft, kv, peak, final, step_s = run_press(model, press, cache, ids, decode_tokens, hold=True)
+    run = run_press(model, press, cache, ids, decode_tokens, hold=True)
     return measured(
         "kvpress",
         method,
         ids,
         float(budget),
-        ttft_s=ttft,
+        ttft_s=run.ttft_s,
         compress_s=spent[0],
-        step_s=step_s,
+        step_s=run.step_s,
         decode_tokens=decode_tokens,
-        kv_bytes=kv,
+        kv_bytes=run.kv_bytes,
         kv_bytes_full=full_kv_bytes(model, int(batch), int(length)),
-        kv_bytes_peak=peak,
-        kv_bytes_final=final,
+        kv_bytes_peak=run.kv_bytes_peak,
+        kv_bytes_final=run.kv_bytes_final,
+        bits_per_element=run.bits_per_element,
+        greedy_tokens=run.greedy_tokens,
         decode=(decode_budget, decode_interval, cuts[0]),  # per layer, as ours counts its re-selections
         press=press_label(press),
     )

@@ -14,15 +14,15 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import DynamicCache
 
-from criticalkv.bench.decode import timed_decode
+from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.kvpress_quantized import quantized_cache
 from criticalkv.bench.measure import now, reset_peak_memory, synchronize
-from criticalkv.bench.ours import StorageOptions, dynamic_cache_bytes
+from criticalkv.bench.ours import StorageOptions, cache_bits_per_element, dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.runtime.forward import prefill_into
 
@@ -87,14 +87,27 @@ def press_label(press: Any) -> str:
     return name if inner is None else f"{name}({press_label(inner)})"
 
 
+class PressRun(NamedTuple):
+    """What :func:`run_press` measured: time to first token, KV bytes after the prefill, the most
+    at any decode step, after the last step, seconds per step, and bits per element held after
+    the prefill (:func:`criticalkv.bench.ours.cache_bits_per_element`), each row's greedy tokens."""
+
+    ttft_s: float
+    kv_bytes: int
+    kv_bytes_peak: int
+    kv_bytes_final: int
+    step_s: float
+    bits_per_element: float | None
+    greedy_tokens: list[list[int]]
+
+
 @torch.no_grad()
 def run_press(
     model: Any, press: Any, cache: Any, ids: torch.Tensor, decode_tokens: int, *, hold: bool = False
-) -> tuple[float, int, int, int, float]:
+) -> PressRun:
     """Prefill (B, T) ``ids`` into ``cache`` under ``press``, then decode ``decode_tokens`` greedy
-    steps (with the press's hooks still in place if ``hold``: a decoding press). Returns (time to
-    first token, KV bytes after the prefill, the most at any step, after the last step, seconds
-    per step); the bytes are read after every step, outside the timed span."""
+    steps (with the press's hooks still in place if ``hold``: a decoding press); the bytes are
+    read after every step, outside the timed span."""
     device = ids.device
     with contextlib.ExitStack() as hooks:
         hooks.enter_context(press(model))
@@ -104,11 +117,19 @@ def run_press(
         if not hold:
             hooks.close()  # a prompt press: decoding runs unhooked, as kvpress's pipeline does
         kv = dynamic_cache_bytes(cache)
+        bits = cache_bits_per_element(cache, ids.shape[0], _kv_width(model))
         peak = [kv]
+        tokens: list[torch.Tensor] = []
         step_s = timed_decode(
-            model, cache, first, ids.shape[1], decode_tokens, after_step=lambda: peak.append(dynamic_cache_bytes(cache))
+            model,
+            cache,
+            first,
+            ids.shape[1],
+            decode_tokens,
+            after_step=lambda: peak.append(dynamic_cache_bytes(cache)),
+            tokens=tokens,
         )
-    return ttft, kv, max(peak), dynamic_cache_bytes(cache), step_s
+    return PressRun(ttft, kv, max(peak), dynamic_cache_bytes(cache), step_s, bits, greedy_ids(first, tokens))
 
 
 @torch.no_grad()
@@ -142,22 +163,24 @@ def measure_kvpress(
     _clear_masks(model)
     reset_peak_memory(device)
     cache, backend = (DynamicCache(config=model.config), "") if storage is None else quantized_cache(model, storage)
-    ttft, kv, peak, final, step_s = run_press(model, press, cache, ids, decode_tokens)
+    run = run_press(model, press, cache, ids, decode_tokens)
     _clear_masks(model)
     return measured(
         "kvpress",
         method,
         ids,
         budget,
-        ttft_s=ttft,
+        ttft_s=run.ttft_s,
         compress_s=spent[0],
-        step_s=step_s,
+        step_s=run.step_s,
         decode_tokens=decode_tokens,
-        kv_bytes=kv,
+        kv_bytes=run.kv_bytes,
         kv_bytes_full=full_kv_bytes(model, batch, length),
-        kv_bytes_peak=peak,
-        kv_bytes_final=final,
+        kv_bytes_peak=run.kv_bytes_peak,
+        kv_bytes_final=run.kv_bytes_final,
         storage=storage,
+        bits_per_element=run.bits_per_element,
+        greedy_tokens=run.greedy_tokens,
         press=label if storage is None else f"{label}+{backend}{storage[0]}",
     )
 

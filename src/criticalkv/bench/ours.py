@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from criticalkv.bench.decode import timed_decode
+from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.measure import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
@@ -53,6 +53,15 @@ def dynamic_cache_bytes(cache: Any) -> int:
     return sum(state_bytes(getattr(layer, name, None)) for layer in cache.layers for name in _KV_ATTRIBUTES)
 
 
+def cache_bits_per_element(cache: Any, batch: int, kv_width: int) -> float | None:
+    """Bits per key or value element a transformers cache holds (its bytes over the entries each
+    layer holds: ``get_seq_length()`` tokens x ``batch`` rows x ``kv_width``, KV heads x head
+    dimension); a cache that masks evicted entries instead of removing them counts them all.
+    ``None`` if it holds nothing."""
+    elements = 2 * sum(layer.get_seq_length() for layer in cache.layers) * batch * kv_width
+    return 8.0 * dynamic_cache_bytes(cache) / elements if elements else None
+
+
 @torch.no_grad()
 def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchRecord:
     """The reference: transformers' ``DynamicCache`` with sdpa attention, nothing evicted."""
@@ -65,7 +74,8 @@ def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchReco
     first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
     kv = dynamic_cache_bytes(cache)
-    step_s = timed_decode(model, cache, first, length, decode_tokens)
+    tokens: list[torch.Tensor] = []
+    step_s = timed_decode(model, cache, first, length, decode_tokens, tokens=tokens)
     return measured(
         "criticalkv",
         "full",
@@ -79,6 +89,7 @@ def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchReco
         kv_bytes_full=kv,
         kv_bytes_peak=dynamic_cache_bytes(cache),  # the full cache only grows
         kv_bytes_final=dynamic_cache_bytes(cache),
+        greedy_tokens=greedy_ids(first, tokens),
     )
 
 
@@ -118,7 +129,8 @@ def measure_criticalkv(
     first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
     ttft = now(device) - start
     kv, kv_full, bits = cache.kv_bytes(), cache.kv_bytes_full(), bits_per_element(cache)
-    step_s = timed_decode(model, cache, first, length, decode_tokens)
+    tokens: list[torch.Tensor] = []
+    step_s = timed_decode(model, cache, first, length, decode_tokens, tokens=tokens)
     held = cache.decode
     return measured(
         "criticalkv",
@@ -136,4 +148,5 @@ def measure_criticalkv(
         kv_bytes_final=cache.kv_bytes(),
         storage=storage,
         bits_per_element=bits,
+        greedy_tokens=greedy_ids(first, tokens),
     )

@@ -27,8 +27,11 @@ class BenchRecord:
     ``kv_bytes_final`` is what the cache holds after the last decode step. ``kv_bits``,
     ``kv_group_size`` and ``kv_residual`` are set for quantized storage (ours, or kvpress's press
     on transformers' ``QuantizedCache``), ``bits_per_element`` the bits per key or value element
-    right after compression (scales, zero points and the full-precision residual included; ours
-    only). ``press`` names kvpress's press (``None`` for criticalkv's rows).
+    right after compression (scales, zero points and the full-precision residual included; for
+    kvpress, over every entry its cache holds, masked ones included; ``None`` for the full
+    cache). ``press`` names kvpress's press (``None`` for criticalkv's rows). ``greedy_tokens``:
+    each row's greedy tokens, the one after the prompt then every decode step's (warm-up included),
+    to compare with the full cache's (:func:`criticalkv.bench.report.derived`).
     """
 
     impl: str
@@ -57,6 +60,7 @@ class BenchRecord:
     kv_residual: int | None = None
     bits_per_element: float | None = None
     press: str | None = None
+    greedy_tokens: list[list[int]] | None = None
 
     @property
     def kv_ratio(self) -> float:
@@ -86,6 +90,7 @@ def measured(
     storage: tuple[int, int, int | None] | None = None,
     bits_per_element: float | None = None,
     press: str | None = None,
+    greedy_tokens: list[list[int]] | None = None,
 ) -> BenchRecord:
     """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now).
 
@@ -120,4 +125,5 @@ def measured(
         kv_residual=None if storage is None else storage[2],
         bits_per_element=bits_per_element,
         press=press,
+        greedy_tokens=greedy_tokens,
     )

@@ -53,6 +53,16 @@ def _speedup(reference: dict[str, Any] | None, r: dict[str, Any]) -> float | Non
     )
 
 
+def token_match(full: dict[str, Any] | None, r: dict[str, Any]) -> float | None:
+    """The share of ``r``'s greedy tokens equal to the full cache's at the same step of the same
+    row (``None`` where either has none, or for the full cache itself): 1.00 = the same text."""
+    ours, reference = r.get("greedy_tokens"), None if full is None else full.get("greedy_tokens")
+    if not ours or not reference or r is full or len(ours) != len(reference):
+        return None
+    pairs = [(a, b) for row, ref in zip(ours, reference, strict=True) for a, b in zip(row, ref, strict=False)]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
 def base_method(method: str) -> str | None:
     """``critical-adakv`` -> ``adakv``: the method a Critical variant adds its selection to."""
     return method.removeprefix("critical-") if method.startswith("critical-") else None
@@ -64,13 +74,15 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (``decode_vs_uniform``: a method whose heads keep different counts against the uniform layout
     holding the same bytes; 1.00x = as fast), over the same row unquantized (``decode_vs_unquantized``:
     the unquantized cache's ms/token over the quantized one's; below 1.00x = slower), the
-    Critical selection's extra time over its base, as a share of the prefill, and ``kvpress_pair``."""
+    Critical selection's extra time over its base, as a share of the prefill, ``token_match``
+    (:func:`token_match`) and ``kvpress_pair``."""
     index = {_key(r): r for r in records}
     out = []
     for r in records:
         row = dict(r)
         full = index.get(_key(r, impl="criticalkv", method="full", budget=1.0, decode_budget=None, **_UNQUANTIZED))
         row["decode_speedup_vs_full"] = _speedup(full, r)
+        row["token_match"] = token_match(full, r)
         other = index.get(_key(r, impl="kvpress")) if r["impl"] == "criticalkv" else None
         row["decode_speedup_vs_kvpress"] = _speedup(other, r)
         uniform = index.get(_key(r, method=UNIFORM)) if r["method"] not in (UNIFORM, "full") else None
@@ -103,13 +115,14 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
     """A fixed-width table, one line per record, then ``notes`` (why a kvpress pair is missing).
 
     ``KV MB`` is what the cache holds right after compression, ``KV peak`` the most at any decode
-    step and ``KV final`` after the last; ``bits`` the bits per element of quantized rows; ``vs
-    16b`` the decode speed over the same row unquantized; ``kvpress`` the press beside the row."""
+    step and ``KV final`` after the last; ``bits`` the bits per element held after compression; ``vs
+    16b`` the decode speed over the same row unquantized; ``match`` the share of greedy tokens equal
+    to the full cache's; ``kvpress`` the press beside the row."""
     header = (
         f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
         f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
-        f"{'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} {'peak MB':>8}  "
-        "kvpress"
+        f"{'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} "
+        f"{'match':>5} {'peak MB':>8}  kvpress"
     )
     lines = [header, "-" * len(header)]
     for r in derived(records):
@@ -123,7 +136,8 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
             f"{_ratio(r['decode_speedup_vs_full']):>7} {_ratio(r['decode_speedup_vs_kvpress']):>6} "
             f"{_ratio(r['decode_vs_uniform']):>7} {_ratio(r['decode_vs_unquantized']):>6} "
             f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {_mb(kv_peak, '>7.2f')} {_mb(kv_final, '>8.2f')} "
-            f"{_fmt(r.get('bits_per_element'), '>5.2f')} {_mb(rss, '>8.0f')}  {r['kvpress_pair']}"
+            f"{_fmt(r.get('bits_per_element'), '>5.2f')} {_fmt(r['token_match'], '>5.2f')} {_mb(rss, '>8.0f')}  "
+            f"{r['kvpress_pair']}"
         )
     lines += [f"note: {note}" for note in notes]
     return "\n".join(lines)
