@@ -9,11 +9,13 @@ STAMP := $(VENV)/.criticalkv-installed
 
 .PHONY: install test lint demo clean reproduce test-kvpress
 
-# kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest)
+# kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
+# with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_PY := $(KVPRESS_VENV)/bin/python
 KVPRESS_STAMP := $(KVPRESS_VENV)/.criticalkv-installed
-KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py tests/test_bench_kvpress_pairs.py
+KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py tests/test_bench_kvpress_pairs.py \
+    tests/test_bench_kv_bits.py tests/test_hf_quantized.py
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +30,7 @@ $(KVPRESS_STAMP): pyproject.toml
 	test -x $(KVPRESS_PY) || $(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_PY) -m pip install --quiet --upgrade pip
 	$(KVPRESS_PY) -c "import torch" 2>/dev/null || $(KVPRESS_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(KVPRESS_PY) -m pip install --quiet -e ".[bench]" "pytest>=8"
+	$(KVPRESS_PY) -m pip install --quiet -e ".[bench,quant]" "pytest>=8" "hypothesis>=6.100"
 	touch $(KVPRESS_STAMP)
 
 # the tests that skip without kvpress, where it imports (an import failure fails the target)
