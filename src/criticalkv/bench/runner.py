@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from criticalkv.bench.config import BenchConfig
+from criticalkv.bench.folder import open_bench_folder
 from criticalkv.bench.kvpress_decode import measure_kvpress_decode
 from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
 from criticalkv.bench.kvpress_quantized import pair_unavailable
@@ -112,6 +113,7 @@ def run_bench(
     records_path = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        open_bench_folder(out, config, model, kvpress is not None)  # refuses records of another setup
         records_path = out / "records.jsonl"
         _drop_torn_tail(records_path)
         done = {record_key(r) for r in load_records(records_path)}
