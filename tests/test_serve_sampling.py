@@ -195,7 +195,7 @@ probabilities = st.lists(st.floats(0.001, 1.0), min_size=1, max_size=30).map(
 @given(probs=probabilities, top_p=st.floats(1e-6, 1.0))
 def test_top_p_keeps_the_smallest_prefix_reaching_p(probs: torch.Tensor, top_p: float) -> None:
     keep = top_p_keep(probs, top_p)
-    assert keep[probs.argmax()]
+    assert keep[probs == probs.max()].any()  # the argmax (one of them, if tied) is kept
     kept, dropped = probs[keep], probs[~keep]
     if len(dropped):
         assert kept.min() >= dropped.max()  # a prefix of the sorted probabilities
@@ -233,3 +233,13 @@ def test_stop_hold_back_streams_the_whole_answer_and_no_stop(text: str, stops: l
     assert "".join(pieces) == stream.emitted == want
     assert stream.stopped == bool(found)
     assert not any(s in "".join(pieces) for s in stops)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.75])
+def test_draws_follow_the_tempered_nucleus(top_p: float) -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    logits = probs.log() * 2  # at temperature 2 the probabilities are ``probs`` again
+    chooser = TokenChooser(Sampling(2.0, top_p, seed=0))
+    counts = torch.bincount(torch.tensor([chooser.choose(logits) for _ in range(4000)]), minlength=4)
+    want = probs if top_p == 1 else torch.tensor([0.5, 0.25, 0.0, 0.0]) / 0.75
+    assert torch.allclose(counts / 4000, want, atol=0.03), counts
