@@ -14,8 +14,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
+from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import ChatRequest
 from criticalkv.serve.session import Channel, ChatWork
+
+#: the most stop sequences a request may set (as OpenAI's API)
+MAX_STOPS = 4
 
 
 def _too_long(total: int, limit: int) -> APIError:
@@ -40,12 +44,7 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
         )
     if body.n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
-    if body.temperature not in (None, 0):
-        raise invalid("only greedy decoding is served: leave temperature out or set it to 0", "temperature")
-    if body.top_p not in (None, 1):
-        raise invalid("only greedy decoding is served: leave top_p out or set it to 1", "top_p")
-    if body.stop:
-        raise invalid("stop sequences are not supported", "stop")
+    sampling, stops = _sampling(body), _stops(body.stop)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = config.max_new_tokens if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= config.max_new_tokens:
@@ -81,6 +80,8 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
             max_tokens,
             info["tokens"] + len(ids),
             admitted,
+            sampling,
+            stops,
         )
     method, budget, window = config.compression(body.method, body.budget, body.window)
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
@@ -94,7 +95,33 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
         # itself is refused below instead, with the reason
         budget = 1.0
     check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
-    return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted)
+    return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling, stops)
+
+
+def _sampling(body: ChatRequest) -> Sampling:
+    """The request's ``temperature`` (in [0, 2]; left out: 0, greedy, as the server always
+    answered, unlike OpenAI's default of 1), ``top_p`` (in (0, 1]) and ``seed``."""
+    temperature = 0.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if not 0 <= temperature <= 2:
+        raise invalid(f"temperature must be in [0, 2], not {temperature}", "temperature")
+    if not 0 < top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], not {top_p}", "top_p")
+    return Sampling(temperature, top_p, body.seed)
+
+
+def _stops(stop: object) -> tuple[str, ...]:
+    """The request's ``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise invalid(f"stop takes at most {MAX_STOPS} sequences, not {len(stops)}", "stop")
+    if any(not s for s in stops):
+        raise invalid("stop sequences must be non-empty strings", "stop")
+    return tuple(stops)
 
 
 def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:

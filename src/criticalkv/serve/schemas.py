@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,5 +48,6 @@ class ChatRequest(Compression):
     temperature: float | None = None
     top_p: float | None = None
     n: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, strict=True)
+    stop: Any = None  # a string or a list of up to 4 (checked by serve.chat, which names the field)
     context_id: str | None = None

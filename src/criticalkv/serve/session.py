@@ -1,17 +1,19 @@
-"""One chat request being answered: its cache, greedy decoding step by step, text as it grows."""
+"""One chat request being answered: its cache, decoding step by step, text as it grows."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.serve.compress import compress
+from criticalkv.serve.sampling import Sampling, TokenChooser
+from criticalkv.serve.stops import StopText
 
 
 class Channel:
@@ -44,35 +46,45 @@ class ChatWork:
     max_tokens: int
     prompt_tokens: int
     admitted_at: float
+    sampling: Sampling = field(default_factory=Sampling)
+    stops: tuple[str, ...] = ()  # the answer ends before the first of them
 
 
 class IncrementalText:
     """Text deltas of a growing token list whose concatenation is the final answer (stripped,
-    special tokens skipped): trailing whitespace and incomplete characters are held back."""
+    special tokens skipped, ended before the first of ``stops``): trailing whitespace, incomplete
+    characters and what may start a stop sequence are held back (:class:`StopText`)."""
 
-    def __init__(self, tokenizer: Any, lock: threading.Lock) -> None:
+    def __init__(self, tokenizer: Any, lock: threading.Lock, stops: tuple[str, ...] = ()) -> None:
         self.tokenizer, self.lock = tokenizer, lock
-        self.emitted = ""
+        self.text = StopText(stops)
+
+    @property
+    def emitted(self) -> str:
+        return self.text.emitted
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop sequence has ended the answer."""
+        return self.text.stopped
 
     def delta(self, tokens: list[int], final: bool = False) -> str:
         with self.lock:
             text = str(self.tokenizer.decode(tokens, skip_special_tokens=True)).lstrip()
-        text = text.rstrip() if final else text.rstrip().rstrip("\ufffd")
-        if not text.startswith(self.emitted):
-            return ""  # an earlier character changed (rare byte merges): the final text catches up
-        piece, self.emitted = text[len(self.emitted) :], text
-        return piece
+        return self.text.update(text if final else text.rstrip("\ufffd"), final)
 
 
 class Session:
-    """Greedy decoding of one :class:`ChatWork`: :meth:`start` (and, on a stored context, the
-    engine's batched start of every answer that starts in the same step, :meth:`first`), then one
-    token per batched decode step the engine runs over every pending session (:meth:`advance`)."""
+    """Decoding of one :class:`ChatWork`, greedy or sampled (:mod:`~criticalkv.serve.sampling`):
+    :meth:`start` (and, on a stored context, the engine's batched start of every answer that
+    starts in the same step, :meth:`first`), then one token per batched decode step the engine
+    runs over every pending session (:meth:`advance`)."""
 
     def __init__(self, engine: Any, work: ChatWork, channel: Channel) -> None:
         self.engine, self.work, self.channel = engine, work, channel
         self.tokens: list[int] = []
-        self.text = IncrementalText(engine.tokenizer, engine.tokenizer_lock)
+        self.text = IncrementalText(engine.tokenizer, engine.tokenizer_lock, work.stops)
+        self.chooser = TokenChooser(work.sampling)  # its own generator when sampling
         self.done = False
         self.cache: CompressedCache | None = None
         self.next_token: int | None = None
@@ -116,7 +128,7 @@ class Session:
         """Take the (V,) logits that follow the prompt: the first token."""
         self.question = None
         self.engine.metrics.first_token(time.perf_counter() - self.work.admitted_at)
-        self._emit(int(logits.argmax()))
+        self._emit(self.chooser.choose(logits))
 
     def own_bytes(self) -> int:
         """KV bytes this answer's cache holds of its own (beyond the stored context it shares)."""
@@ -127,8 +139,8 @@ class Session:
         return not self.done and not self.cancelled() and self.next_token is not None
 
     def advance(self, logits: torch.Tensor) -> None:
-        """Take the (V,) logits of the decode step that fed :attr:`next_token` (greedy)."""
-        self._emit(int(logits.argmax()))
+        """Take the (V,) logits of the decode step that fed :attr:`next_token`."""
+        self._emit(self.chooser.choose(logits))
 
     def cancelled(self) -> bool:
         return self.channel.cancelled.is_set()
@@ -139,13 +151,15 @@ class Session:
             return
         self.tokens.append(token)
         self.engine.metrics.token()
-        if len(self.tokens) >= self.work.max_tokens:
-            self._finish("length")
-            return
-        self.next_token = token
-        piece = self.text.delta(self.tokens)
+        piece = self.text.delta(self.tokens) if self.work.stops or len(self.tokens) < self.work.max_tokens else ""
         if piece:
             self.channel.put("delta", piece)
+        if self.text.stopped:
+            self._finish("stop")  # a stop sequence: the row leaves the batch as at EOS
+        elif len(self.tokens) >= self.work.max_tokens:
+            self._finish("length")
+        else:
+            self.next_token = token
 
     def _finish(self, reason: str) -> None:
         piece = self.text.delta(self.tokens, final=True)

@@ -1,0 +1,54 @@
+"""An answer's text as it grows, ending before the first stop sequence.
+
+Streamed pieces hold back what may still change: trailing whitespace (the final answer is
+stripped) and a tail that may be the start of a stop sequence, so that a stop sequence never
+reaches the client and the pieces concatenated are the non-streamed answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopText:
+    """The pieces of a growing text safe to send, up to the first of ``stops`` (none: all of it).
+
+    :meth:`update` takes the whole text so far each time (each a prefix of the next, except
+    where a tokenizer rewrites earlier characters: that update sends nothing and the next one
+    that extends what was sent catches up); :attr:`emitted` is the answer so far.
+    """
+
+    def __init__(self, stops: Sequence[str] = ()) -> None:
+        if any(not stop for stop in stops):
+            raise ValueError("stop sequences must be non-empty")
+        self.stops = tuple(stops)
+        self.emitted = ""
+        self.stopped = False  # a stop sequence occurred: the answer has ended
+
+    def update(self, text: str, final: bool = False) -> str:
+        """The new piece of ``text`` to send; ``final``: the text is complete (the rest is sent,
+        stripped of trailing whitespace, unless a stop sequence ends it earlier)."""
+        if self.stopped or not text.startswith(self.emitted):
+            return ""
+        start = len(self.emitted)
+        # an occurrence cannot start before ``start``: its beginning would have been held back
+        found = [at for stop in self.stops if (at := text.find(stop, start)) >= 0]
+        if found:
+            end, self.stopped = min(found), True
+        elif final:
+            end = len(text.rstrip())
+        else:
+            end = self._safe_end(text, start)
+        piece = text[start:end]
+        self.emitted += piece
+        return piece
+
+    def _safe_end(self, text: str, start: int) -> int:
+        """Where the tail that may still change begins (whitespace, or a stop's start)."""
+        end = max(len(text.rstrip()), start)
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text) - start), 0, -1):
+                if text.endswith(stop[:k]):
+                    end = min(end, len(text) - k)
+                    break
+        return end
