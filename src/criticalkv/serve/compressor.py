@@ -11,9 +11,12 @@ and every request has its own cache.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
 
 
 class Compressor:
@@ -50,5 +53,7 @@ class Compressor:
             self._running = 1
             try:
                 job()
+            except Exception:  # a job answers its own errors; one that did not must not end the thread
+                logger.exception("a compression job failed")
             finally:
                 self._running = 0
