@@ -63,3 +63,12 @@ def test_the_cli_answers_a_mismatch_with_a_sentence(tmp_path: Path, capsys: pyte
     capsys.readouterr()
     assert main([*argv, "--decode-tokens", "3"]) == 2
     assert "decode_tokens: 2 there, 3 now" in capsys.readouterr().err
+
+
+def test_a_second_writer_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    from criticalkv.runs import FolderBusy, writer_lock
+
+    with writer_lock(tmp_path), pytest.raises(FolderBusy, match=f"is writing to {tmp_path}") as err:
+        run_bench(_config(), make_tiny("llama"), char_tokenizer(), out=tmp_path)
+    assert "--wait" not in str(err.value) and "use another --out" in str(err.value)
+    assert not (tmp_path / "records.jsonl").exists() and not (tmp_path / "run.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from criticalkv.bench.plan import record_key as _data_key
 from criticalkv.bench.prompt import bench_prompts
 from criticalkv.bench.record import BenchRecord
 from criticalkv.methods import Method, bind, get_method
+from criticalkv.runs import FolderBusy, writer_lock
 from criticalkv.runtime.forward import input_device
 
 logger = logging.getLogger(__name__)
@@ -96,8 +98,35 @@ def run_bench(
     With ``repeats > 1`` each configuration is measured that many times and the fastest
     prefill, compression and decode are kept (the usual way to discount machine noise).
     ``notes``, if given, receives a sentence for every kvpress counterpart not measured and why.
+    ``out`` takes one writer at a time (:func:`criticalkv.runs.writer_lock`) and holds records of
+    one setup (:mod:`criticalkv.bench.folder`).
+
+    Raises
+    ------
+    ValueError
+        If ``out`` holds records of another setup, or another process is writing to it
+        (:class:`~criticalkv.runs.FolderBusy`).
     """
     config.check_model(model)
+    if out is None:
+        return _run_bench(config, model, tokenizer, kvpress_model, None, on_record, notes)
+    with contextlib.ExitStack() as held:
+        try:  # one writer per folder: a second run into it is refused, not interleaved
+            held.enter_context(writer_lock(out, wait=0))
+        except FolderBusy as busy:  # bench has no --wait: the sentence without that advice
+            raise FolderBusy(str(busy).replace(" (or pass --wait SECONDS to queue behind it)", "")) from None
+        return _run_bench(config, model, tokenizer, kvpress_model, out, on_record, notes)
+
+
+def _run_bench(
+    config: BenchConfig,
+    model: Any,
+    tokenizer: Any,
+    kvpress_model: Any,
+    out: Path | None,
+    on_record: Callable[[BenchRecord], None] | None,
+    notes: list[str] | None,
+) -> list[BenchRecord]:
     kvpress = None
     if config.kvpress != "off":
         kvpress = import_kvpress()
