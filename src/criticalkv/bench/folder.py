@@ -38,9 +38,9 @@ def _kvpress_version() -> str | None:
         return None
 
 
-def bench_identity(config: BenchConfig, model: Any, kvpress: bool) -> dict[str, Any]:
-    """What must match for records to be comparable in one folder (``kvpress``: compared at all)."""
-    fingerprint = model_fingerprint(model)
+def bench_identity(config: BenchConfig, model: Any, kvpress: bool, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """What must match for records to be comparable in one folder (``kvpress``: compared at all;
+    ``fingerprint``: the model's :func:`~criticalkv.cache.fingerprint.model_fingerprint`)."""
     identity: dict[str, Any] = {
         "model": fingerprint["hash"],
         "dtype": fingerprint["dtype"],
@@ -66,10 +66,11 @@ def open_bench_folder(out: Path, config: BenchConfig, model: Any, kvpress: bool)
     ValueError
         If ``out`` holds records of another setup (the message names each difference).
     """
+    fingerprint = model_fingerprint(model)  # hashes samples of every parameter: once per run
     entry = {
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "model_name": model_fingerprint(model)["name"],
+        "model_name": fingerprint["name"],
         "config": {key: value for key, value in asdict(config).items() if key != "head_scores"},
         **provenance(),
     }
-    return open_folder(out, LAYOUT, bench_identity(config, model, kvpress), entry)
+    return open_folder(out, LAYOUT, bench_identity(config, model, kvpress, fingerprint), entry)
