@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from criticalkv.serve import Engine
@@ -218,6 +218,7 @@ def test_sampling_uses_its_own_generator() -> None:
 alphabet = st.text("ab \n", max_size=30)
 
 
+@example(text="aa\na", stops=["\n", "a\na"], cuts=[3])  # a stop seen while a longer one, begun earlier, may complete
 @settings(max_examples=300, deadline=None)
 @given(
     text=alphabet,

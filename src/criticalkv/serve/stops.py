@@ -33,8 +33,11 @@ class StopText:
         start = len(self.emitted)
         # an occurrence cannot start before ``start``: its beginning would have been held back
         found = [at for stop in self.stops if (at := text.find(stop, start)) >= 0]
-        if found:
+        pending = [] if final else self._partial_starts(text, start)
+        if found and not any(at < min(found) for at in pending):
             end, self.stopped = min(found), True
+        elif found:  # a longer stop that would start earlier may still complete
+            end = min(pending)
         elif final:
             end = len(text.rstrip())
         else:
@@ -43,12 +46,16 @@ class StopText:
         self.emitted += piece
         return piece
 
-    def _safe_end(self, text: str, start: int) -> int:
-        """Where the tail that may still change begins (whitespace, or a stop's start)."""
-        end = max(len(text.rstrip()), start)
+    def _partial_starts(self, text: str, start: int) -> list[int]:
+        """Where a stop sequence may begin whose start ends ``text`` (not yet complete)."""
+        starts = []
         for stop in self.stops:
             for k in range(min(len(stop) - 1, len(text) - start), 0, -1):
                 if text.endswith(stop[:k]):
-                    end = min(end, len(text) - k)
+                    starts.append(len(text) - k)
                     break
-        return end
+        return starts
+
+    def _safe_end(self, text: str, start: int) -> int:
+        """Where the tail that may still change begins (whitespace, or a stop's start)."""
+        return min([max(len(text.rstrip()), start), *self._partial_starts(text, start)])
