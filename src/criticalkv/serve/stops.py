@@ -40,8 +40,8 @@ class StopText:
             end = min(pending)
         elif final:
             end = len(text.rstrip())
-        else:
-            end = self._safe_end(text, start)
+        else:  # hold back trailing whitespace and a tail that may begin a stop
+            end = min([max(len(text.rstrip()), start), *pending])
         piece = text[start:end]
         self.emitted += piece
         return piece
@@ -55,7 +55,3 @@ class StopText:
                     starts.append(len(text) - k)
                     break
         return starts
-
-    def _safe_end(self, text: str, start: int) -> int:
-        """Where the tail that may still change begins (whitespace, or a stop's start)."""
-        return min([max(len(text.rstrip()), start), *self._partial_starts(text, start)])
