@@ -9,7 +9,7 @@ layers' ``attend`` (all of decode attention), both as wall time and as this thre
 (``time.thread_time``: what the step itself computed, robust to other processes' load). The
 ``*_vs_16_bit_*`` ratios divide the quantized figure by the unquantized one *of the same round*
 (best and median round). The split names the kernel's parts as the kernel in
-``cache/quantized_attention.py`` calls them (whatever of ``unpack``, ``scale``, ``matmul``,
+``cache/quantized/attention.py`` calls them (whatever of ``unpack``, ``scale``, ``matmul``,
 ``softmax``, ``gather`` it has; the per-tier kernel before it: ``dequantize`` = unpack + scale,
 ``unpack``), and ``c_kernel``: the compiled C kernel's whole call (``CRITICALKV_KERNEL`` chooses
 the kernel; the C kernel runs where it builds). Prints one JSON line per ``kv_bits``.
@@ -28,11 +28,13 @@ from typing import Any
 import torch
 
 import criticalkv as ckv
-from criticalkv.cache import quantized_attention, quantized_layer, quantized_store
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.quant_spec import bits_per_element
-from criticalkv.cache.quantized_layer import QuantizedLayer
-from criticalkv.cache.quantized_store import QuantizedBlocks
+from criticalkv.cache.quantized import attention as quantized_attention
+from criticalkv.cache.quantized import blocks as quantized_store
+from criticalkv.cache.quantized import layer as quantized_layer
+from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.layer import QuantizedLayer
+from criticalkv.cache.quantized.spec import bits_per_element
 from criticalkv.compat import cache_argument
 
 WALL: dict[str, float] = defaultdict(float)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
-from criticalkv.cache.kernels.build import KERNEL_ENV
+from criticalkv.cache.quantized.kernels.build import KERNEL_ENV
 from criticalkv.compat import cache_argument
 from criticalkv.serve.cancel import check_cancelled
 from decode_compression import prompt_ids

@@ -17,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from criticalkv.cache.attention import criticalkv_attention
-from criticalkv.cache.quantize import quantize_dequantize
+from criticalkv.cache.quantized.codec import quantize_dequantize
 from tests.reference import KEEP, masked_attention
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache, PreTrainedModel
 
 import criticalkv as ckv
-import criticalkv.cache.decode_compression as decode_module
+import criticalkv.cache.decode.budget as decode_module
 from criticalkv.cache.layer import MIN_GROWTH
 from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions

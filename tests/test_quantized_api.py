@@ -181,7 +181,8 @@ def test_sweep_identity_records_kv_bits_only_when_set(tmp_path: object) -> None:
 def test_attention_dequantizes_tile_by_tile(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """No unpacking covers more than a tile (TILE_BLOCKS blocks, or one longer segment): the layer
     is never held in full precision. (The torch kernel; the C kernel reads one entry at a time.)"""
-    from criticalkv.cache import quantized_attention, quantized_plan
+    from criticalkv.cache.quantized import attention as quantized_attention
+    from criticalkv.cache.quantized import plan as quantized_plan
 
     monkeypatch.setenv("CRITICALKV_KERNEL", "torch")
     monkeypatch.setattr(quantized_plan, "TILE_BLOCKS", 2)

@@ -14,11 +14,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from criticalkv.cache import quantized_plan
-from criticalkv.cache.quantized_attention import quantized_attention, unpack
-from criticalkv.cache.quantized_plan import plan
-from criticalkv.cache.quantized_prefix import build_quantized_prefix
-from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized import plan as quantized_plan
+from criticalkv.cache.quantized.attention import quantized_attention, unpack
+from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.plan import plan
+from criticalkv.cache.quantized.prefix import build_quantized_prefix
 from tests.segment_attention import attend_segments
 
 

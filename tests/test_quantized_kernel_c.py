@@ -19,12 +19,12 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from criticalkv.cache.kernels import build
-from criticalkv.cache.kernels.quantized_decode import block_list, c_quantized_attention
-from criticalkv.cache.quantized_attention import quantized_attention
-from criticalkv.cache.quantized_plan import plan
-from criticalkv.cache.quantized_prefix import build_quantized_prefix
-from criticalkv.cache.quantized_store import empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.attention import quantized_attention
+from criticalkv.cache.quantized.blocks import empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.kernels import build
+from criticalkv.cache.quantized.kernels.quantized_decode import block_list, c_quantized_attention
+from criticalkv.cache.quantized.plan import plan
+from criticalkv.cache.quantized.prefix import build_quantized_prefix
 from tests.segment_attention import attend_segments
 
 needs_compiler = pytest.mark.skipif(
@@ -227,7 +227,7 @@ def test_a_bad_kernel_choice_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
 @pytest.fixture
 def count_c_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the quantized layers call the C kernel."""
-    from criticalkv.cache import quantized_layer
+    from criticalkv.cache.quantized import layer as quantized_layer
 
     calls: list[int] = []
     real = quantized_layer.c_quantized_attention

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.config import BenchConfig
-from criticalkv.cache.fingerprint import model_fingerprint
+from criticalkv.cache.persist.fingerprint import model_fingerprint
 from criticalkv.runs import FolderLayout, open_folder, provenance, versions
 from criticalkv.runtime.forward import input_device
 
@@ -40,7 +40,7 @@ def _kvpress_version() -> str | None:
 
 def bench_identity(config: BenchConfig, model: Any, kvpress: bool, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """What must match for records to be comparable in one folder (``kvpress``: compared at all;
-    ``fingerprint``: the model's :func:`~criticalkv.cache.fingerprint.model_fingerprint`)."""
+    ``fingerprint``: the model's :func:`~criticalkv.cache.persist.fingerprint.model_fingerprint`)."""
     identity: dict[str, Any] = {
         "model": fingerprint["hash"],
         "dtype": fingerprint["dtype"],

@@ -23,7 +23,7 @@ class BenchRecord:
     during this measurement (prefill, compression and decode). ``kv_bytes_peak`` is the most the
     cache held at any step of the decode (kvpress's: read after every step). ``decode_budget`` and
     ``decode_interval`` are set when the cache was held at a decode budget while decoding
-    (:mod:`criticalkv.cache.decode_compression`); ``decode_reselections`` counts its re-selections.
+    (:mod:`criticalkv.cache.decode.budget`); ``decode_reselections`` counts its re-selections.
     ``kv_bytes_final`` is what the cache holds after the last decode step. ``kv_bits``,
     ``kv_group_size`` and ``kv_residual`` are set for quantized storage (ours, or kvpress's press
     on transformers' ``QuantizedCache``), ``bits_per_element`` the bits per key or value element

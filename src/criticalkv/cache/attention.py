@@ -17,10 +17,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from criticalkv.cache.batch.rows import RowsLayer
 from criticalkv.cache.continuation import guard_reuse
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.routing import claim
-from criticalkv.cache.rows import RowsLayer
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def criticalkv_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    if isinstance(layer, RowsLayer):  # separate caches decoded as one batch (cache/rows.py)
+    if isinstance(layer, RowsLayer):  # separate caches decoded as one batch (cache/batch/rows.py)
         return layer.attend(query, scale), None
     if isinstance(layer, CompressedLayer) and layer.prefix is not None:
         out = layer.attend(query, attention_mask, scale)

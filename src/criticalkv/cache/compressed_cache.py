@@ -12,13 +12,13 @@ import torch
 from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
-from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, DecodeCompression
+from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, DecodeCompression
 from criticalkv.cache.fork import fork_cache
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.persist import load_cache, save_cache
+from criticalkv.cache.persist.file import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
-from criticalkv.cache.quant_spec import check_quantized_decode, quantization_for
-from criticalkv.cache.quantized_layer import make_layer
+from criticalkv.cache.quantized.layer import make_layer
+from criticalkv.cache.quantized.spec import check_quantized_decode, quantization_for
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
@@ -44,10 +44,10 @@ class CompressedCache(Cache):
     budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
     window : the observation window (its entries are always kept).
     decode_budget : entries per KV head the cache is held to while it decodes (``None``: the
-        generated tokens are all kept); see :class:`~criticalkv.cache.decode_compression.DecodeCompression`.
+        generated tokens are all kept); see :class:`~criticalkv.cache.decode.budget.DecodeCompression`.
     decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
     kv_bits, kv_group_size, kv_residual : the storage precision (16: the model's dtype; 8 or 4:
-        quantized, see :class:`~criticalkv.cache.quant_spec.KVQuantization`).
+        quantized, see :class:`~criticalkv.cache.quantized.spec.KVQuantization`).
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
@@ -248,7 +248,7 @@ class CompressedCache(Cache):
         super().batch_repeat_interleave(repeats)
 
     def save(self, path: str | Path, model: Any, tokenizer: Any = None, **fields: Any) -> int:
-        """Write the cache to ``path`` atomically; returns the file's bytes (see :mod:`~criticalkv.cache.persist`)."""
+        """Write the cache to ``path`` atomically; returns the file's bytes (:mod:`~criticalkv.cache.persist`)."""
         return save_cache(self, path, model, tokenizer, **fields)
 
     @classmethod

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from criticalkv.cache.quant_spec import storage_options
-from criticalkv.cache.quantized_layer import QuantizedLayer
+from criticalkv.cache.quantized.layer import QuantizedLayer
+from criticalkv.cache.quantized.spec import storage_options
 
 
 def fork_cache(cache: Any) -> Any:

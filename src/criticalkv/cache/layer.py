@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from criticalkv.cache.buckets import LengthBuckets
-from criticalkv.cache.ragged_attention import ragged_attention
+from criticalkv.cache.layouts.attention import ragged_attention
+from criticalkv.cache.layouts.buckets import LengthBuckets
+from criticalkv.cache.layouts.tiers import RaggedPrefix, build_prefix
 from criticalkv.cache.routing import announce
-from criticalkv.cache.tiers import RaggedPrefix, build_prefix
 
 #: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)
 MIN_GROWTH = 64
@@ -39,7 +39,7 @@ class CompressedLayer(CacheLayerMixin):
         super().__init__()
         self.layer_idx = layer_idx
         self.on_prefill = on_prefill
-        self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode_compression.py)
+        self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode/budget.py)
         self.prefix: RaggedPrefix | None = None
         self.keep: torch.Tensor | None = None
         self.prefix_len = 0
@@ -50,7 +50,7 @@ class CompressedLayer(CacheLayerMixin):
         self.tail_values: torch.Tensor | None = None
         self.tail_len = 0
         self.tail_may_have_padding = False
-        #: an owned prefix moves, with the tail, into length buckets (cache/buckets.py) at the first append;
+        #: an owned prefix moves, with the tail, into length buckets (cache/layouts/buckets.py) at the first append;
         #: one bucket (uniform): ``prefix.tiers`` and ``tail_keys``/``tail_values`` are views into it;
         #: several: those are empty/None until :meth:`settle` (bytes are the buckets', never twice)
         self.fused: LengthBuckets | None = None

@@ -1,9 +1,9 @@
 """Decoding one sample's (method, budget) rows: teacher forcing for fidelity, then greedy generation.
 
 Without a decode budget every row is a batch row of one stacked cache
-(:func:`~criticalkv.cache.stacked.stacked_cache`), so the decode steps share every weight read.
+(:func:`~criticalkv.cache.batch.stacked.stacked_cache`), so the decode steps share every weight read.
 With one, each row decodes in a cache of its own (a decode budget re-selects with one method per
-cache, :func:`~criticalkv.cache.stacked.decode_budget_cache`), and the gold answer is fed one
+cache, :func:`~criticalkv.cache.batch.stacked.decode_budget_cache`), and the gold answer is fed one
 token per forward so the cache re-selects between answer tokens exactly as it does while
 generating: the fidelity numbers then measure the decode budget too, not only the prompt's
 compression. ``kv_bytes_peak`` is then the most the row's cache held during its generation.
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from criticalkv.budgets.resolve import Budget
+from criticalkv.cache.batch.stacked import decode_budget_cache, row_kv_bytes, stacked_cache
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.stacked import decode_budget_cache, row_kv_bytes, stacked_cache
 from criticalkv.methods import Method
 from criticalkv.runtime import append_tokens, continue_generation, decode_answers, teacher_forced_logprobs
 from criticalkv.state import LayerState

@@ -137,7 +137,7 @@ def teacher_forced_logprobs(
 
     ``one_token_steps``: feed the question in one forward, then the answer one token per forward,
     as decoding does, instead of the whole suffix in one forward; a cache held at a decode budget
-    (:mod:`criticalkv.cache.decode_compression`) then re-selects between answer tokens exactly as
+    (:mod:`criticalkv.cache.decode.budget`) then re-selects between answer tokens exactly as
     while generating, so each answer token sees what a generated token would have seen.
     """
     ids = torch.tensor([list(suffix)], dtype=torch.long, device=prompt_mask.device).expand(prompt_mask.shape[0], -1)

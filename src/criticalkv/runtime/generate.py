@@ -13,8 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
-from criticalkv.cache.decode_compression import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quant_spec import (
+from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.quantized.spec import (
     bits_per_element,
     check_quantized_decode,
     quantization_for,
@@ -135,11 +135,11 @@ def generate(
 
     ``decode_budget`` holds the cache at that many entries per KV head on average while it
     generates, re-selecting a layer once it grew ``decode_interval`` entries per head beyond it
-    (:mod:`criticalkv.cache.decode_compression`); with ``budget=1.0`` only the decode budget compresses.
+    (:mod:`criticalkv.cache.decode.budget`); with ``budget=1.0`` only the decode budget compresses.
 
     ``kv_bits`` 8 or 4 stores the kept entries quantized (``kv_group_size`` entries a scale and zero
     point, ``None``: 32 at 8 bits, 64 at 4 bits; the last ``kv_residual`` appended tokens exact;
-    :class:`~criticalkv.cache.quant_spec.KVQuantization`).
+    :class:`~criticalkv.cache.quantized.spec.KVQuantization`).
 
     Raises
     ------

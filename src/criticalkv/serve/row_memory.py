@@ -5,7 +5,7 @@ rows read it) and holds a tail of its own: its question and the tokens it genera
 engine admits an answer only if its context and its tail's reserve fit in the memory cap
 beside every running row's context and reserve, so the bytes the rows hold stay within the cap.
 With quantized storage a tail holds a full-precision residual and quantized blocks
-(:class:`~criticalkv.cache.quantized_layer.QuantizedLayer`); its reserve bounds both.
+(:class:`~criticalkv.cache.quantized.layer.QuantizedLayer`); its reserve bounds both.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import MIN_GROWTH
-from criticalkv.cache.quant_spec import DEFAULT_RESIDUAL, KVQuantization
-from criticalkv.cache.quantized_store import empty_blocks
+from criticalkv.cache.quantized.blocks import empty_blocks
+from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
 
 
 def _shape(model: Any) -> tuple[int, int, int]:

@@ -4,9 +4,9 @@ The file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file. Per
 the kept keys and values (the tiers of the ragged prefix, concatenated: exactly the prefix's
 bytes), the segment order and lengths, the kept positions (the keep mask, 1 bit per prompt
 position) and the decode tail's used entries; a quantized layer's codes, scales and zero points
-instead of its keys and values (:mod:`~criticalkv.cache.quantized_persist`). Its JSON header
+instead of its keys and values (:mod:`~criticalkv.cache.quantized.persist`). Its JSON header
 (the ``criticalkv`` metadata key) holds what makes the cache valid: the model and tokenizer
-fingerprints (:mod:`~criticalkv.cache.fingerprint`), the method, budget, window, storage
+fingerprints (:mod:`~criticalkv.cache.persist.fingerprint`), the method, budget, window, storage
 precision (``kv_bits``, group size, residual), the prompt lengths, the library version, caller
 fields such as the mode, and a SHA-256 checksum of every tensor and the rest of the header.
 The write is atomic (a temporary file in the same folder, fsync, rename).
@@ -24,13 +24,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from criticalkv.cache.atomic_write import save_atomically
-from criticalkv.cache.fingerprint import model_fingerprint, tokenizer_fingerprint
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.quant_spec import KVQuantization, storage_options
-from criticalkv.cache.quantized_layer import QuantizedLayer
-from criticalkv.cache.quantized_persist import quantized_header, quantized_tensors, restore_prefix, restore_tail
-from criticalkv.cache.tiers import RaggedPrefix, Tier
+from criticalkv.cache.layouts.tiers import RaggedPrefix, Tier
+from criticalkv.cache.persist.atomic_write import save_atomically
+from criticalkv.cache.persist.fingerprint import model_fingerprint, tokenizer_fingerprint
+from criticalkv.cache.quantized.layer import QuantizedLayer
+from criticalkv.cache.quantized.persist import quantized_header, quantized_tensors, restore_prefix, restore_tail
+from criticalkv.cache.quantized.spec import KVQuantization, storage_options
 from criticalkv.methods import Method, bind, get_method
 
 FORMAT = "criticalkv-cache"

@@ -126,7 +126,7 @@ def _compile(compiler: str, source: Path, target: Path) -> str | None:
 @functools.cache
 def _source(name: str) -> tuple[Path, bytes]:
     """The kernel's source file and its bytes (read once per process)."""
-    source = Path(str(resources.files("criticalkv.cache.kernels").joinpath(f"{name}.c")))
+    source = Path(str(resources.files("criticalkv.cache.quantized.kernels").joinpath(f"{name}.c")))
     return source, source.read_bytes()
 
 

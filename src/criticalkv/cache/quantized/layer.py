@@ -1,13 +1,13 @@
 """A compressed layer whose kept entries are stored quantized (``kv_bits`` 8 or 4).
 
-The compressed prompt is a :class:`~criticalkv.cache.quantized_prefix.QuantizedPrefix`. Appended
+The compressed prompt is a :class:`~criticalkv.cache.quantized.prefix.QuantizedPrefix`. Appended
 tokens go to a full-precision residual; once it holds ``residual + G`` entries per segment, its
 oldest whole blocks of ``G`` are quantized into the quantized tail, so the most recent
 ``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention reads the quantized
-blocks a tile of whole segments at a time (:mod:`criticalkv.cache.quantized_attention`), gathered
+blocks a tile of whole segments at a time (:mod:`criticalkv.cache.quantized.attention`), gathered
 from the prefix's pooled tensors by a plan rebuilt when the tail gains a block
-(:mod:`criticalkv.cache.quantized_plan`); on CPU float32, a compiled C kernel reads them segment by
-segment instead (:mod:`criticalkv.cache.kernels.quantized_decode`).
+(:mod:`criticalkv.cache.quantized.plan`); on CPU float32, a compiled C kernel reads them segment by
+segment instead (:mod:`criticalkv.cache.quantized.kernels.quantized_decode`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.kernels.build import decode_kernel
-from criticalkv.cache.kernels.quantized_decode import BlockList, block_list, c_quantized_attention, supports
 from criticalkv.cache.layer import CompressedLayer, PrefillHook
-from criticalkv.cache.quant_spec import KVQuantization
-from criticalkv.cache.quantized_attention import quantized_attention
-from criticalkv.cache.quantized_plan import DecodePlan, plan
-from criticalkv.cache.quantized_pool import PrefixPool
-from criticalkv.cache.quantized_prefix import QuantizedPrefix, build_quantized_prefix
-from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.attention import quantized_attention
+from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.kernels.build import decode_kernel
+from criticalkv.cache.quantized.kernels.quantized_decode import BlockList, block_list, c_quantized_attention, supports
+from criticalkv.cache.quantized.plan import DecodePlan, plan
+from criticalkv.cache.quantized.pool import PrefixPool
+from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
+from criticalkv.cache.quantized.spec import KVQuantization
 
 
 class QuantizedLayer(CompressedLayer):
@@ -67,7 +67,7 @@ class QuantizedLayer(CompressedLayer):
     ) -> None:
         """Quantize and store the kept entries of the prompt's (B, H_kv, T, d) keys/values.
 
-        With ``logical_len`` (a decode-time re-selection, :mod:`~criticalkv.cache.reselect`) the
+        With ``logical_len`` (a decode-time re-selection, :mod:`~criticalkv.cache.decode.reselect`) the
         entries are the layer's dequantized ones: they are quantized again in blocks of the new
         selection, and the residual length set at the prefill stays.
         """
@@ -149,7 +149,7 @@ class QuantizedLayer(CompressedLayer):
         """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d).
 
         CPU float32 goes through the C kernel where it builds (``CRITICALKV_KERNEL``,
-        :mod:`~criticalkv.cache.kernels.build`), everything else through the torch kernel.
+        :mod:`~criticalkv.cache.quantized.kernels.build`), everything else through the torch kernel.
         """
         prefix = self.prefix
         assert isinstance(prefix, QuantizedPrefix)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.cache.quantized_pool import PrefixPool
-from criticalkv.cache.quantized_prefix import QuantizedPrefix
+from criticalkv.cache.quantized.pool import PrefixPool
+from criticalkv.cache.quantized.prefix import QuantizedPrefix
 
 #: blocks (padded prefix slots and quantized tail, of whole segments) in one tile's workspace
 TILE_BLOCKS = 128

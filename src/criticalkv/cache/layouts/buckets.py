@@ -1,6 +1,6 @@
 """Decode storage of a compressed layer: segments of equal length grouped into dense buffers.
 
-A layer's (batch row, KV head) segments, sorted by kept length as in :mod:`criticalkv.cache.tiers`,
+A layer's (batch row, KV head) segments, sorted by kept length as in :mod:`criticalkv.cache.layouts.tiers`,
 fall into *buckets* of equal length (consecutive in the sorted order). Bucket ``b`` holds its
 ``n_b`` segments' prefix and tail in one ``(n_b, L_b + capacity, d)`` buffer, so decoding the layer
 is one ``scaled_dot_product_attention`` call per bucket; each segment lies wholly in one bucket, so
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from criticalkv.cache.tiers import RaggedPrefix, Tier
+from criticalkv.cache.layouts.tiers import RaggedPrefix, Tier
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class LengthBuckets:
         return result
 
     def tiers(self) -> list[Tier]:
-        """The prefix as staircase tiers (:func:`criticalkv.cache.tiers.build_prefix`'s layout):
+        """The prefix as staircase tiers (:func:`criticalkv.cache.layouts.tiers.build_prefix`'s layout):
         views for a single bucket, copies otherwise."""
         if self.single:
             bucket = self.buckets[0]

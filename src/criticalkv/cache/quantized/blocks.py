@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.cache.quantize import SCALE_DTYPE, dequantize, pack, quantize, unpack, value_group
+from criticalkv.cache.quantized.codec import SCALE_DTYPE, dequantize, pack, quantize, unpack, value_group
 
 
 @dataclass
@@ -20,7 +20,7 @@ class QuantizedBlocks:
     """``n`` segments x ``nb`` blocks of ``group`` entries each.
 
     ``valid`` is (n, nb * group) bool, or ``None`` when every entry is real (a transient tile of
-    partial blocks, :meth:`~criticalkv.cache.quantized_partial.PartialBlocks.as_blocks`, holds
+    partial blocks, :meth:`~criticalkv.cache.quantized.partial.PartialBlocks.as_blocks`, holds
     fewer than ``group`` entries per block and masks its padding).
     """
 

@@ -1,7 +1,7 @@
 """Decode attention over quantized storage, computed one tile of whole segments at a time.
 
-A tile (:mod:`~criticalkv.cache.quantized_plan`) is a run of consecutive segments, each with the
-same slots: its prefix blocks gathered from the pool (:mod:`~criticalkv.cache.quantized_pool`),
+A tile (:mod:`~criticalkv.cache.quantized.plan`) is a run of consecutive segments, each with the
+same slots: its prefix blocks gathered from the pool (:mod:`~criticalkv.cache.quantized.pool`),
 the quantized tail's blocks, the full-precision residual. Per tile, the key codes are unpacked
 into one float32 workspace, the key scale and zero point applied (per channel and block), the
 residual keys copied beside them; the scores are one batched product (segments as the batch),
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from criticalkv.cache.quantized_plan import DecodePlan, Tile
-from criticalkv.cache.quantized_pool import PrefixPool
-from criticalkv.cache.quantized_store import QuantizedBlocks
+from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.plan import DecodePlan, Tile
+from criticalkv.cache.quantized.pool import PrefixPool
 
 
 def halves_of(t: torch.Tensor, halves: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ def quantized_attention(
     ----------
     query : (S, Q, d), in sorted segment order (``Q = G_heads * q``).
     pool : the pooled prefix (``None``: no prefix entries).
-    decode_plan : :func:`~criticalkv.cache.quantized_plan.plan` of this layer.
+    decode_plan : :func:`~criticalkv.cache.quantized.plan.plan` of this layer.
     tail : the quantized tail (all ``S`` segments, ``decode_plan.tail_used`` blocks in use), or ``None``.
     residual_keys, residual_values : (S, r, d) the full-precision residual, or ``None``.
     tail_mask : (S, Q, t) bool over the whole tail (quantized blocks, then the residual), or ``None``.

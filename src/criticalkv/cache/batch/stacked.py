@@ -15,8 +15,8 @@ import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.decode_compression import DecodeCompression
-from criticalkv.cache.quantized_prefix import QuantizedPrefix
+from criticalkv.cache.decode.budget import DecodeCompression
+from criticalkv.cache.quantized.prefix import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 
@@ -63,7 +63,7 @@ def decode_budget_cache(
 ) -> tuple[CompressedCache, float]:
     """A one-row cache of the prompt of ``states`` compressed by ``method`` at ``budget``, then held at
     ``decode_budget`` entries per KV head while it decodes (see
-    :class:`~criticalkv.cache.decode_compression.DecodeCompression`).
+    :class:`~criticalkv.cache.decode.budget.DecodeCompression`).
 
     A decode budget re-selects with one method per cache, so such a config is not stacked with
     others. ``storage``: the storage options (``kv_bits`` etc.). Returns the cache and the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from criticalkv.cache.quantize import SUPPORTED_BITS
+from criticalkv.cache.quantized.codec import SUPPORTED_BITS
 
 #: entries (keys: tokens, values: channels) sharing one scale and zero point, per bit width, chosen
 #: by measurement (docs/results/quantized-storage.md): 8 bits at 64 moved the NLL by 0.011 nats/token
@@ -127,7 +127,7 @@ def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | Non
     """A clear error if an explicit residual is longer than the decode budget (before any work).
 
     Decode-time re-selection works on quantized storage: the layer's entries are dequantized to
-    score them, and the kept ones quantized again (:mod:`~criticalkv.cache.reselect`).
+    score them, and the kept ones quantized again (:mod:`~criticalkv.cache.decode.reselect`).
     """
     if spec is not None and decode_budget is not None and spec.residual is not None and spec.residual > decode_budget:
         raise ValueError(

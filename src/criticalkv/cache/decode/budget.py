@@ -3,7 +3,7 @@
 When a layer holds more than ``budget + interval`` entries per KV head on average (kept prompt
 entries plus the generated tail), it is re-selected back to ``budget`` per head on average by the
 method's own scores, budget rule and selection, the last ``window`` queries of the decode steps
-acting as the observation window (:mod:`criticalkv.cache.reselect`). Memory then stays bounded
+acting as the observation window (:mod:`criticalkv.cache.decode.reselect`). Memory then stays bounded
 however long the output, and each re-selection costs about what one prefill selection of
 ``budget + interval`` entries costs, once every ``interval`` steps. The selections stay the same
 code as for the prompt: this is a layer on the cache (when it re-selects), not a special case.
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from criticalkv.cache.decode.reselect import kept_in_order, reselect, tail_entries
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.reselect import kept_in_order, reselect, tail_entries
 from criticalkv.methods import Method
 from criticalkv.scores.value_norms import norm_dtype, norms_memo_key, projected_value_norms
 from criticalkv.state import LayerState

@@ -1,11 +1,11 @@
 """Each segment's last, partial quantized block, stored at its real length.
 
 A segment keeping ``L`` entries has ``L // G`` whole blocks (in the staircase of
-:mod:`~criticalkv.cache.quantized_prefix`) and, when ``r = L mod G > 0``, one partial block of
+:mod:`~criticalkv.cache.quantized.prefix`) and, when ``r = L mod G > 0``, one partial block of
 ``r`` entries. Partial blocks are stored here back to back, no padding: ``r`` entries of codes
 and value statistics each, plus one key scale and zero point per channel over those ``r``
 entries. Decode attention gathers them into padded, masked slots of its tiles
-(:mod:`~criticalkv.cache.quantized_plan`); :meth:`PartialBlocks.as_blocks` builds the same
+(:mod:`~criticalkv.cache.quantized.plan`); :meth:`PartialBlocks.as_blocks` builds the same
 padding as one transient :class:`QuantizedBlocks` for readers that want whole blocks, never kept.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.cache.quantize import dequantize, pack, quantize, unpack, value_group
-from criticalkv.cache.quantized_store import QuantizedBlocks
+from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.codec import dequantize, pack, quantize, unpack, value_group
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The quantized ragged prefix: kept prompt entries as a staircase of quantized blocks.
 
-Like :class:`~criticalkv.cache.tiers.RaggedPrefix`, segments are sorted longest first, but the
+Like :class:`~criticalkv.cache.layouts.tiers.RaggedPrefix`, segments are sorted longest first, but the
 staircase is cut in whole blocks of ``G`` entries: segment ``s`` of ``L_s`` kept entries has
 ``L_s // G`` whole blocks, and tier ``j`` holds blocks ``[b_{j-1}, b_j)`` of the segments with at
 least ``b_j`` whole blocks. Key groups then never straddle a tier boundary, and there are at most
 ``max L / G`` tiers. The remaining ``L_s mod G`` entries of each segment form its partial block,
-stored at its real length (:class:`~criticalkv.cache.quantized_partial.PartialBlocks`): no padded
+stored at its real length (:class:`~criticalkv.cache.quantized.partial.PartialBlocks`): no padded
 code is stored or counted.
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from criticalkv.cache.quantized_partial import PartialBlocks, quantize_partial
-from criticalkv.cache.quantized_pool import PrefixPool, pool
-from criticalkv.cache.quantized_store import QuantizedBlocks, quantize_blocks
-from criticalkv.cache.tiers import RaggedPrefix, segment_order
+from criticalkv.cache.layouts.tiers import RaggedPrefix, segment_order
+from criticalkv.cache.quantized.blocks import QuantizedBlocks, quantize_blocks
+from criticalkv.cache.quantized.partial import PartialBlocks, quantize_partial
+from criticalkv.cache.quantized.pool import PrefixPool, pool
 
 
 @dataclass

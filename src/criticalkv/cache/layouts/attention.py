@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from criticalkv.cache.tiers import Tier
+from criticalkv.cache.layouts.tiers import Tier
 
 
 def ragged_attention(

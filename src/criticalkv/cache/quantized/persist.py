@@ -1,4 +1,4 @@
-"""Saving and restoring a quantized layer's storage (used by :mod:`~criticalkv.cache.persist`).
+"""Saving and restoring a quantized layer's storage (used by :mod:`~criticalkv.cache.persist.file`).
 
 A quantized layer's file tensors are its stored bytes and nothing else: the whole-block tiers'
 codes, scales and zero points (each field's tiers concatenated), the partial blocks' (at their real
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.quantize import value_group
-from criticalkv.cache.quantized_layer import QuantizedLayer
-from criticalkv.cache.quantized_partial import PartialBlocks
-from criticalkv.cache.quantized_prefix import QuantizedPrefix
-from criticalkv.cache.quantized_store import QuantizedBlocks, empty_blocks, write_blocks
+from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, write_blocks
+from criticalkv.cache.quantized.codec import value_group
+from criticalkv.cache.quantized.layer import QuantizedLayer
+from criticalkv.cache.quantized.partial import PartialBlocks
+from criticalkv.cache.quantized.prefix import QuantizedPrefix
 
 BLOCK_FIELDS = ("key_codes", "key_scale", "key_zero", "value_codes", "value_scale", "value_zero")
 PARTIAL_FIELDS = ("key_codes", "value_codes", "value_scale", "value_zero", "key_scale", "key_zero")

@@ -1,11 +1,11 @@
 """The C decode kernel over quantized storage (``quantized_decode.c``), called through :mod:`ctypes`.
 
-It computes what :func:`~criticalkv.cache.quantized_attention.quantized_attention` computes, but
+It computes what :func:`~criticalkv.cache.quantized.attention.quantized_attention` computes, but
 segment by segment at each segment's own length (no tile padding: the ragged heads of AdaKV or
 DefensiveKV cost what their entries cost), dequantizing codes on the fly in one pass. The prefix
 is read through a :class:`BlockList`: every stored block of every sorted segment as (first pool
 entry row, pool block row, entries), built once per prefix. Inputs must be CPU float32; the
-caller (:class:`~criticalkv.cache.quantized_layer.QuantizedLayer`) keeps the torch kernel for
+caller (:class:`~criticalkv.cache.quantized.layer.QuantizedLayer`) keeps the torch kernel for
 anything else.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.cache.quantized_pool import PrefixPool
-from criticalkv.cache.quantized_prefix import QuantizedPrefix
-from criticalkv.cache.quantized_store import QuantizedBlocks
+from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.pool import PrefixPool
+from criticalkv.cache.quantized.prefix import QuantizedPrefix
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def c_quantized_attention(
 
     Parameters
     ----------
-    library : :func:`~criticalkv.cache.kernels.build.decode_kernel`'s library.
+    library : :func:`~criticalkv.cache.quantized.kernels.build.decode_kernel`'s library.
     query : (S, Q, d) float32, in the **original** segment order (the result too).
     perm : (S,) int64, sorted segment ``s`` is row ``perm[s]`` of ``query``, ``tail_mask`` and the
         result; ``None``: the identity. Everything else is in sorted order.
