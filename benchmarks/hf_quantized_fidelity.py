@@ -33,7 +33,7 @@ from transformers import DynamicCache
 
 from criticalkv.bench.hf_quantized import hf_quantized_cache
 from criticalkv.bench.ours import dynamic_cache_bytes
-from criticalkv.cache.quantized.spec import default_group_size
+from criticalkv.cache.quantized import default_group_size
 from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric

@@ -21,8 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from criticalkv.cache.layouts.attention import ragged_attention
-from criticalkv.cache.layouts.tiers import Tier, build_prefix
+from criticalkv.cache.layouts import Tier, build_prefix, ragged_attention
 from criticalkv.scores.value_norms import projected_value_norms
 
 H_KV, GROUP, HEAD_DIM, HIDDEN = 3, 3, 64, 576  # SmolLM2-135M-Instruct

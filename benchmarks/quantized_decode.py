@@ -29,12 +29,11 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.quantized import QuantizedLayer, bits_per_element
 from criticalkv.cache.quantized import attention as quantized_attention
 from criticalkv.cache.quantized import blocks as quantized_store
 from criticalkv.cache.quantized import layer as quantized_layer
 from criticalkv.cache.quantized.blocks import QuantizedBlocks
-from criticalkv.cache.quantized.layer import QuantizedLayer
-from criticalkv.cache.quantized.spec import bits_per_element
 from criticalkv.compat import cache_argument
 
 WALL: dict[str, float] = defaultdict(float)

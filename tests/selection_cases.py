@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import criticalkv as ckv
 from criticalkv.budgets import HeadPrior, Pyramid
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.layouts.tiers import build_prefix
+from criticalkv.cache.layouts import build_prefix
 from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.state import LayerState
 from tests.random_state import random_state, to_device, with_all_queries, with_reconstruction

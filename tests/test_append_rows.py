@@ -109,6 +109,6 @@ def test_appended_rows_are_checked() -> None:
     with pytest.raises(ValueError, match="at least one token"):
         append_rows(MODEL, [cache], [[]])
     with pytest.raises(ValueError, match="one length of at least 1"):
-        from criticalkv.cache.batch.rows import RowsCache
+        from criticalkv.cache.batch import RowsCache
 
         RowsCache([cache], [1, 2])

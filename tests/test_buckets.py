@@ -7,9 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from criticalkv.cache.layouts.attention import ragged_attention
-from criticalkv.cache.layouts.buckets import LengthBuckets
-from criticalkv.cache.layouts.tiers import build_prefix
+from criticalkv.cache.layouts import LengthBuckets, build_prefix, ragged_attention
 
 D = 8
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import criticalkv
 from criticalkv import CompressedCache, attach
-from criticalkv.cache.batch.rows import RowsCache
+from criticalkv.cache.batch import RowsCache
 from criticalkv.prompts import encode_pair
 from criticalkv.runtime import append_tokens, decode_answers, decode_rows, eos_ids, prefill_into
 from tests.conftest import make_tiny

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import criticalkv as ckv
 from criticalkv.budgets import Adaptive, LayerJoint
-from criticalkv.cache.batch.stacked import row_kv_bytes, stacked_cache
+from criticalkv.cache.batch import row_kv_bytes, stacked_cache
 from criticalkv.cli import main
 from criticalkv.prompts import positions
 from criticalkv.scores import DefensiveAggregation

@@ -191,7 +191,7 @@ def test_dataset_sweep(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-un
 @torch.no_grad()
 def test_stacked_rows_equal_single_caches(tiny) -> None:  # type: ignore[no-untyped-def]
     """Each row of a stacked cache decodes exactly like that config's own cache."""
-    from criticalkv.cache.batch.stacked import row_kv_bytes, stacked_cache
+    from criticalkv.cache.batch import row_kv_bytes, stacked_cache
     from criticalkv.prompts import positions
     from criticalkv.runtime import prefill
     from tests.conftest import padded_batch

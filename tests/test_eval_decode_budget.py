@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import criticalkv as ckv
-from criticalkv.cache.batch.stacked import decode_budget_cache
+from criticalkv.cache.batch import decode_budget_cache
 from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.eval.runner import SweepConfig, run_sweep

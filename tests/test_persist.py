@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from criticalkv import CompressedCache, attach
-from criticalkv.cache.persist.file import CacheFileError, IncompatibleCacheError, read_header
+from criticalkv.cache.persist import CacheFileError, IncompatibleCacheError, read_header
 from criticalkv.runtime import append_tokens, prefill_into
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.tiny_tokenizer import char_tokenizer

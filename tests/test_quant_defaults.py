@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 import criticalkv as ckv
 from criticalkv.bench.config import BenchConfig
-from criticalkv.cache.quantized.spec import DEFAULT_GROUP_SIZES, KVQuantization, default_group_size, quantization_for
+from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, KVQuantization, default_group_size, quantization_for
 from criticalkv.cli import build_parser
 from criticalkv.eval.config import SweepConfig
 from criticalkv.runtime.forward import append_tokens, prefill_into

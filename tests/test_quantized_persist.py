@@ -9,8 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 import criticalkv as ckv
-from criticalkv.cache.persist.file import read_header
-from criticalkv.cache.quantized.layer import QuantizedLayer
+from criticalkv.cache.persist import read_header
+from criticalkv.cache.quantized import QuantizedLayer
 from criticalkv.runtime import append_tokens, prefill_into
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.tiny_tokenizer import char_tokenizer

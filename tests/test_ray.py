@@ -293,7 +293,7 @@ def test_device_map_is_passed_through(
 def test_compressed_cache_lives_on_each_layers_key_device(folder: Path) -> None:
     """Every tensor a layer holds is on the device (and dtype) of that layer's keys."""
     import criticalkv as ckv
-    from criticalkv.cache.batch.stacked import stacked_cache
+    from criticalkv.cache.batch import stacked_cache
     from criticalkv.runtime import prefill
     from tests.conftest import padded_batch
 

@@ -17,7 +17,7 @@ import torch
 
 import criticalkv
 from criticalkv import CompressedCache, attach
-from criticalkv.cache.quantized.spec import KVQuantization
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from criticalkv.runtime import append_rows, decode_rows, prefill_into, repeat_prompt
 from criticalkv.serve import Engine

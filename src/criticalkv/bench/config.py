@@ -11,8 +11,8 @@ import torch
 from criticalkv.bench.ours import StorageOptions
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import check_window
-from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quantized.spec import check_quantized_decode, default_group_size, quantization_for
+from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.quantized import check_quantized_decode, default_group_size, quantization_for
 from criticalkv.methods import bind, get_method
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 

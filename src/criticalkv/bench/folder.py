@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.config import BenchConfig
-from criticalkv.cache.persist.fingerprint import model_fingerprint
+from criticalkv.cache.persist import model_fingerprint
 from criticalkv.runs import FolderLayout, open_folder, provenance, versions
 from criticalkv.runtime.forward import input_device
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
 from criticalkv.bench.ours import StorageOptions
-from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL
+from criticalkv.cache.quantized import DEFAULT_RESIDUAL
 
 #: the bit widths transformers' quanto ``QuantizedCache`` layer accepts
 QUANTO_BITS = (2, 4)

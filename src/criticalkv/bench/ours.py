@@ -12,8 +12,8 @@ from criticalkv.bench.measure import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.decode.budget import DEFAULT_INTERVAL
-from criticalkv.cache.quantized.spec import bits_per_element
+from criticalkv.cache.decode import DEFAULT_INTERVAL
+from criticalkv.cache.quantized import bits_per_element
 from criticalkv.methods import Method
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.forward import prefill_into

@@ -17,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from criticalkv.cache.batch.rows import RowsLayer
+from criticalkv.cache.batch import RowsLayer
 from criticalkv.cache.continuation import guard_reuse
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.routing import claim

@@ -12,13 +12,12 @@ import torch
 from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
-from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, DecodeCompression
+from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
 from criticalkv.cache.fork import fork_cache
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.persist.file import load_cache, save_cache
+from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
-from criticalkv.cache.quantized.layer import make_layer
-from criticalkv.cache.quantized.spec import check_quantized_decode, quantization_for
+from criticalkv.cache.quantized import check_quantized_decode, make_layer, quantization_for
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded

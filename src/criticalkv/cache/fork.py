@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from criticalkv.cache.quantized.layer import QuantizedLayer
-from criticalkv.cache.quantized.spec import storage_options
+from criticalkv.cache.quantized import QuantizedLayer, storage_options
 
 
 def fork_cache(cache: Any) -> Any:

@@ -9,9 +9,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from criticalkv.cache.layouts.attention import ragged_attention
-from criticalkv.cache.layouts.buckets import LengthBuckets
-from criticalkv.cache.layouts.tiers import RaggedPrefix, build_prefix
+from criticalkv.cache.layouts import LengthBuckets, RaggedPrefix, build_prefix, ragged_attention
 from criticalkv.cache.routing import announce
 
 #: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)

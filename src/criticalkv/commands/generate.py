@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_decode(args: argparse.Namespace) -> None:
     """The decode budget's errors before the model loads (the library checks the same again)."""
-    from criticalkv.cache.decode.budget import check_decode_budget
+    from criticalkv.cache.decode import check_decode_budget
     from criticalkv.methods import get_method
     from criticalkv.runtime import DEFAULT_WINDOWS
 

@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from criticalkv.cache.quantized.spec import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
+from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
 from criticalkv.commands.common import UsageError
 
 

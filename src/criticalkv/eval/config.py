@@ -10,8 +10,8 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import check_window
-from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quantized.spec import default_group_size, quantization_for
+from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.quantized import default_group_size, quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import LAYOUT

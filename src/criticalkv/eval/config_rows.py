@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.batch.stacked import decode_budget_cache, row_kv_bytes, stacked_cache
+from criticalkv.cache.batch import decode_budget_cache, row_kv_bytes, stacked_cache
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.methods import Method
 from criticalkv.runtime import append_tokens, continue_generation, decode_answers, teacher_forced_logprobs

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.quantized.spec import quantization_for, storage_options
+from criticalkv.cache.quantized import quantization_for, storage_options
 from criticalkv.eval.config_rows import Continuation, decode_configs, reference_logprobs
 from criticalkv.eval.fidelity import fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit

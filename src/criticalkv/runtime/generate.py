@@ -13,8 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.compressed_cache import CompressedCache, check_window
-from criticalkv.cache.decode.budget import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quantized.spec import (
+from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.quantized import (
     bits_per_element,
     check_quantized_decode,
     quantization_for,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.batch.rows import RowsCache
+from criticalkv.cache.batch import RowsCache
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.compat import cache_argument
 from criticalkv.runtime.forward import input_device

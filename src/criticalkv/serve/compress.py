@@ -10,7 +10,7 @@ import torch
 
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.quantized.spec import KVQuantization, storage_options
+from criticalkv.cache.quantized import KVQuantization, storage_options
 from criticalkv.methods import bind, get_method
 from criticalkv.runtime import RepeatPrompt, input_device, prefill, prefill_into
 from criticalkv.scores.queries import resolve_num_queries

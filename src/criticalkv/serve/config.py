@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from criticalkv.cache.quantized.spec import KVQuantization, quantization_for
+from criticalkv.cache.quantized import KVQuantization, quantization_for
 from criticalkv.serve.errors import invalid
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

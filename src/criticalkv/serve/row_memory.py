@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import MIN_GROWTH
-from criticalkv.cache.quantized.blocks import empty_blocks
-from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
+from criticalkv.cache.quantized import DEFAULT_RESIDUAL, KVQuantization, empty_blocks
 
 
 def _shape(model: Any) -> tuple[int, int, int]:

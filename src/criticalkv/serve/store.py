@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.persist.file import read_header
+from criticalkv.cache.persist import read_header
 from criticalkv.serve.errors import APIError, not_found
 
 logger = logging.getLogger(__name__)

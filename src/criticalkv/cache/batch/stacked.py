@@ -15,8 +15,8 @@ import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.decode.budget import DecodeCompression
-from criticalkv.cache.quantized.prefix import QuantizedPrefix
+from criticalkv.cache.decode import DecodeCompression
+from criticalkv.cache.quantized import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.quantized.layer import QuantizedLayer
-from criticalkv.cache.quantized.prefix import QuantizedPrefix
+from criticalkv.cache.quantized import QuantizedLayer, QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 

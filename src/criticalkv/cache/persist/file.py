@@ -25,12 +25,18 @@ import torch
 from safetensors.torch import load_file
 
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.layouts.tiers import RaggedPrefix, Tier
+from criticalkv.cache.layouts import RaggedPrefix, Tier
 from criticalkv.cache.persist.atomic_write import save_atomically
 from criticalkv.cache.persist.fingerprint import model_fingerprint, tokenizer_fingerprint
-from criticalkv.cache.quantized.layer import QuantizedLayer
-from criticalkv.cache.quantized.persist import quantized_header, quantized_tensors, restore_prefix, restore_tail
-from criticalkv.cache.quantized.spec import KVQuantization, storage_options
+from criticalkv.cache.quantized import (
+    KVQuantization,
+    QuantizedLayer,
+    quantized_header,
+    quantized_tensors,
+    restore_prefix,
+    restore_tail,
+    storage_options,
+)
 from criticalkv.methods import Method, bind, get_method
 
 FORMAT = "criticalkv-cache"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from criticalkv.cache.layouts.tiers import RaggedPrefix, segment_order
+from criticalkv.cache.layouts import RaggedPrefix, segment_order
 from criticalkv.cache.quantized.blocks import QuantizedBlocks, quantize_blocks
 from criticalkv.cache.quantized.partial import PartialBlocks, quantize_partial
 from criticalkv.cache.quantized.pool import PrefixPool, pool
