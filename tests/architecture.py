@@ -20,7 +20,7 @@ FORBIDDEN = frozenset(
 # names and attributes that denote a method or one of its parts
 METHOD_PARTS = frozenset({"method", "select", "selector", "budgets", "allocator", "scores", "scorer"})
 PROBES = frozenset({"getattr", "hasattr"})
-MAX_LINES = 300
+MAX_LINES = 500
 
 
 @dataclass(frozen=True)
