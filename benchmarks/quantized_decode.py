@@ -29,10 +29,10 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.quantized import QuantizedLayer, bits_per_element
+from criticalkv.cache.quantized import QuantizedStorage, bits_per_element
 from criticalkv.cache.quantized import attention as quantized_attention
 from criticalkv.cache.quantized import blocks as quantized_store
-from criticalkv.cache.quantized import layer as quantized_layer
+from criticalkv.cache.quantized import storage as quantized_layer
 from criticalkv.cache.quantized.blocks import QuantizedBlocks
 from criticalkv.compat import cache_argument
 
@@ -83,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     CompressedLayer.attend = timed("attend", CompressedLayer.attend)  # type: ignore[method-assign]
-    QuantizedLayer.attend = timed("attend", QuantizedLayer.attend)  # type: ignore[method-assign]
+    QuantizedStorage.attend = timed("attend", QuantizedStorage.attend)  # type: ignore[method-assign]
     if not args.no_split:
         _instrument()
     model, _ = ckv.load_model("default")

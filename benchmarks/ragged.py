@@ -49,7 +49,7 @@ def _layer(batch: int, t: int, layout: str, gen: torch.Generator) -> CompressedL
     layer = CompressedLayer(0)
     layer.set_prefix(keys, values, _keep(batch, t, int(0.2 * t), layout != "uniform", gen))
     if layout == "ragged, tiers":
-        layer.owns_prefix = False  # a fork's read path: the tiers and a plain tail
+        layer.storage.owns_prefix = False  # a fork's read path: the tiers and a plain tail
     tail = torch.randn(batch, H_KV, TAIL, HEAD_DIM, generator=gen)
     layer.append(tail, tail)
     return layer
@@ -73,7 +73,7 @@ def _buckets(layer: CompressedLayer) -> int | None:
     """How many length buckets the layer decodes from (None: the tier path; also on checkouts from
     before the buckets, whose uniform layers held a (keys, values) pair, so that this script can time
     them too)."""
-    buckets = getattr(layer.fused, "buckets", None)
+    buckets = getattr(layer.storage.fused, "buckets", None)
     return None if buckets is None else len(buckets)
 
 

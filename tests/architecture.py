@@ -174,3 +174,117 @@ def method_probes(root: Path) -> list[str]:
             if call.args and mentions_method(call.args[0]):
                 out.append(f"{path.relative_to(root.parent)}:{call.lineno}: {ast.unparse(call)}")
     return out
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function, its docstring not counted."""
+    body, skip = node.body, 0
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        skip = (first.end_lineno or first.lineno) - first.lineno + 1
+    return (node.end_lineno or node.lineno) - node.lineno + 1 - skip
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions under ``root`` over ``limit`` lines (docstrings not counted), longest first."""
+    rows = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _function_lines(node) > limit:
+                rows.append((_function_lines(node), f"{path.relative_to(root.parent)}:{node.lineno} {node.name}"))
+    return [f"{where}: {n} lines" for n, where in sorted(rows, key=lambda r: -r[0])]
+
+
+def subpackages(package: Package, parent: str) -> list[str]:
+    """The subpackages directly inside ``parent`` (a package of ``package``)."""
+    depth = parent.count(".") + 1
+    return sorted(
+        m
+        for m, path in package.files.items()
+        if path.name == "__init__.py" and m.startswith(parent + ".") and m.count(".") == depth
+    )
+
+
+def face_violations(root: Path, parent: str) -> list[str]:
+    """Imports of a module inside a subpackage of ``parent`` (e.g. ``criticalkv.cache``) by code
+    outside that subpackage: such code imports only the subpackage's ``__init__`` (its face)."""
+    package = read_package(root)
+    out = []
+    for sub in subpackages(package, parent):
+        for module in sorted(package.files):
+            if module == sub or module.startswith(sub + "."):
+                continue
+            for target in sorted(package.imports[module]):
+                if target.startswith(sub + "."):
+                    out.append(package.location(module, target))
+    return out
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """``_names`` a module defines: functions, classes, module and class-level names (not those a
+    ``Protocol`` merely declares), and attributes it assigns on ``self``/``cls``."""
+    names: set[str] = set()
+    protocols = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("Protocol") for base in node.bases)
+    ]
+    declared = {id(n) for proto in protocols for stmt in proto.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in declared:
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_access(root: Path) -> list[str]:
+    """Reads or writes of ``obj._name`` where ``_name`` belongs to another module of the package
+    (defined there, not in the module that touches it); ``self._x`` and ``cls._x`` are the object's own."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in sorted(root.rglob("*.py"))}
+    defined = {path: _defined_private(tree) for path, tree in trees.items()}
+    everywhere = set().union(*defined.values()) if defined else set()
+    out = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in everywhere and node.attr not in defined[path]:
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def storage_probes(root: Path, parent: str, storages: Iterable[str]) -> list[str]:
+    """``isinstance`` checks naming a class of one of the ``storages`` subpackages of ``parent``
+    (e.g. ``criticalkv.cache.quantized``) outside that subpackage: nothing else asks which storage
+    a layer holds."""
+    package = read_package(root)
+    owned: dict[str, str] = {}  # class name -> its subpackage
+    for sub in storages:
+        for module, path in package.files.items():
+            if module == f"{parent}.{sub}" or module.startswith(f"{parent}.{sub}."):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.ClassDef):
+                        owned[node.name] = f"{parent}.{sub}"
+    out = []
+    for module, path in sorted(package.files.items()):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"):
+                continue
+            kinds = node.args[1:] and [n for n in ast.walk(node.args[1]) if isinstance(n, (ast.Name, ast.Attribute))]
+            for kind in kinds or []:
+                name = kind.id if isinstance(kind, ast.Name) else kind.attr
+                home = owned.get(name)
+                if home and not (module == home or module.startswith(home + ".")):
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out

@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.architecture import MAX_LINES, import_cycles, layering_violations, long_files, method_probes, read_package
+from tests.architecture import (
+    MAX_FUNCTION_LINES,
+    MAX_LINES,
+    face_violations,
+    import_cycles,
+    layering_violations,
+    long_files,
+    long_functions,
+    method_probes,
+    private_access,
+    read_package,
+    storage_probes,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "criticalkv"
@@ -55,6 +67,37 @@ def test_no_attribute_probing_of_methods() -> None:
     assert not probes, report(
         "getattr/hasattr on a method or its parts (scores, budgets, select)",
         "give the part's base class the attribute or method (with a default) and use it directly",
+        probes,
+    )
+
+
+#: the cache's storage subpackages: nothing outside each asks (isinstance) which storage a layer holds
+STORAGES = ("layouts", "quantized")
+
+
+def test_code_outside_a_cache_subpackage_imports_only_its_face() -> None:
+    violations = face_violations(PACKAGE, "criticalkv.cache")
+    assert not violations, report(
+        "modules import the inside of a cache subpackage",
+        "import the name from the subpackage's __init__ (export it there if it belongs to its face)",
+        violations,
+    )
+
+
+def test_no_module_touches_another_modules_private_attributes() -> None:
+    touched = private_access(PACKAGE)
+    assert not touched, report(
+        "modules read or write another module's _private attributes",
+        "give the owner a public method or attribute for what the caller needs",
+        touched,
+    )
+
+
+def test_nothing_outside_a_storage_asks_which_storage_it_is() -> None:
+    probes = storage_probes(PACKAGE, "criticalkv.cache", STORAGES)
+    assert not probes, report(
+        "isinstance on a storage subpackage's class outside it",
+        "add what the caller needs to the Storage interface (cache/storage.py) and implement it in each storage",
         probes,
     )
 
@@ -190,3 +233,40 @@ def test_method_probes_are_found(tmp_path: Path, call: str) -> None:
         tmp_path, {"select.py": f"def f(self, state, methods, method, scorer, selector):\n    {call}\n"}
     )
     assert method_probes(root) == [f"pkg/select.py:2: {call}"]
+
+
+def test_long_functions_are_found(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # the def line makes it one too many
+    docstring = '    """A docstring\n\n    of several lines is not counted."""\n'
+    root = write_package(tmp_path, {"cache/long.py": f"def f():\n{docstring}{body}\n\ndef g():\n    pass\n"})
+    assert long_functions(root) == [f"pkg/cache/long.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions(root, limit=MAX_FUNCTION_LINES + 1) == []
+
+
+def test_imports_of_a_subpackages_inside_are_found(tmp_path: Path) -> None:
+    changes = {"cache/room/__init__.py": "from pkg.cache.room.inner import X\n", "cache/room/inner.py": "X = 1\n"}
+    assert face_violations(write_package(tmp_path, changes), "pkg.cache") == []
+    changes["eval/run.py"] = "from pkg.cache.room.inner import X\nfrom pkg.cache.room import X\n"
+    changes["cache/layer.py"] = "from pkg.cache.room import X\n"  # the face: fine
+    found = face_violations(write_package(tmp_path, changes), "pkg.cache")
+    assert found == ["pkg.eval.run -> pkg.cache.room.inner (pkg/eval/run.py:1)"]
+
+
+def test_private_attributes_of_another_module_are_found(tmp_path: Path) -> None:
+    owner = "class Layer:\n    def __init__(self):\n        self._tail = None\n\n    def _grow(self):\n        pass\n"
+    reader = (
+        "from typing import Protocol\n\n\nclass _Like(Protocol):\n    _tail: int\n\n\n"  # a declaration is no owner
+        "def f(layer, other):\n    layer._grow()\n    other._tail = 1\n    return other._cached\n"
+    )
+    found = private_access(write_package(tmp_path, {"cache/layer.py": owner, "cache/store.py": reader}))
+    assert sorted(found) == ["pkg/cache/store.py:10: other._tail", "pkg/cache/store.py:9: layer._grow"]
+
+
+def test_storage_probes_are_found(tmp_path: Path) -> None:
+    changes = {
+        "cache/quantized/__init__.py": "",
+        "cache/quantized/storage.py": "class QStorage:\n    pass\n\n\ndef f(s):\n    return isinstance(s, QStorage)\n",
+        "cache/store.py": "def g(s, q):\n    return isinstance(s.storage, (int, q.QStorage))\n",
+    }
+    found = storage_probes(write_package(tmp_path, changes), "pkg.cache", ["quantized"])
+    assert found == ["pkg/cache/store.py:2: isinstance(s.storage, (int, q.QStorage))"]

@@ -13,7 +13,6 @@ from transformers import DynamicCache, PreTrainedModel
 
 import criticalkv as ckv
 import criticalkv.cache.decode.budget as decode_module
-from criticalkv.cache.layer import MIN_GROWTH
 from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, make_tiny, padded_batch
@@ -187,7 +186,7 @@ def test_reselection_happens_and_the_oracle_can_fail() -> None:
 
 @torch.no_grad()
 def test_memory_stays_bounded_through_generate() -> None:
-    """model.generate with a decode budget: bytes stay at budget + interval + the tail's spare."""
+    """model.generate with a decode budget: bytes stay at budget + interval + 1 entries per head."""
     model, _ = models("qwen2")
     ids, mask = padded_batch([40, 33], seed=5)
     budget, interval = 10, 4
@@ -206,8 +205,9 @@ def test_memory_stays_bounded_through_generate() -> None:
 
 
 def tail_spare() -> int:
-    """The tail's capacity after a re-selection: the first append allocates 1 + MIN_GROWTH entries."""
-    return MIN_GROWTH + 1
+    """The tail's spare room: sized to the interval, it holds at most one entry beyond
+    ``budget + interval`` (the one whose step re-selects the layer)."""
+    return 1
 
 
 @torch.no_grad()

@@ -422,7 +422,7 @@ def test_caches_compress_layer_defensivekv_alike_and_exactly() -> None:
     seen: list[int] = []
 
     def spy(layer: ckv.cache.CompressedLayer, *args: object) -> None:
-        seen.append(sum(other.prefix is not None for other in inflight.compressed_layers))
+        seen.append(sum(other.holds_prompt for other in inflight.compressed_layers))
         inflight._compress_layer(layer, *args)  # type: ignore[arg-type]
 
     for layer in inflight.compressed_layers:

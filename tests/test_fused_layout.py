@@ -34,20 +34,20 @@ def _decode(model: PreTrainedModel, cache: ckv.CompressedCache, run: dict, steps
 
 
 def _segments(layer: ckv.CompressedCache) -> list[torch.Tensor]:
-    return [torch.cat(layer.prefix.segment(s)) for s in range(layer.batch_size * layer.num_kv_heads)]
+    return [torch.cat(layer.storage.prefix.segment(s)) for s in range(layer.batch_size * layer.num_kv_heads)]
 
 
 def test_uniform_budgets_decode_from_one_bucket_whose_views_are_the_tiers(tiny_llama: PreTrainedModel) -> None:
     cache, run = _prefill(tiny_llama, "snapkv", (80, 80))
     _decode(tiny_llama, cache, run, 3)
     for layer in cache.compressed_layers:
-        assert layer.fused is not None and layer.fused.single and layer.prefix is not None
-        assert layer.tail_keys is not None
-        flat = layer.fused.flat_keys
+        assert layer.storage.fused is not None and layer.storage.fused.single and layer.holds_prompt
+        assert layer.storage.tail_keys is not None
+        flat = layer.storage.fused.flat_keys
         # the prefix tier and the tail are views of the one buffer: no second copy is held
-        assert layer.prefix.tiers[0].keys.data_ptr() == flat.data_ptr()
-        width = layer.prefix.tiers[0].keys.shape[1]
-        assert layer.tail_keys.data_ptr() == layer.fused.buckets[0].keys[:, width:].data_ptr()
+        assert layer.storage.prefix.tiers[0].keys.data_ptr() == flat.data_ptr()
+        width = layer.storage.prefix.tiers[0].keys.shape[1]
+        assert layer.storage.tail_keys.data_ptr() == layer.storage.fused.buckets[0].keys[:, width:].data_ptr()
         assert layer.nbytes() == 2 * flat.numel() * flat.element_size()
         assert flat.shape[0] == layer.batch_size * layer.num_kv_heads * (width + layer.tail_capacity())
 
@@ -57,24 +57,24 @@ def test_ragged_layers_get_one_bucket_per_length_and_hold_each_entry_once(tiny_l
         cache, run = _prefill(tiny_llama, method, lengths)
         before = [_segments(layer) for layer in cache.compressed_layers]
         _decode(tiny_llama, cache, run, 3)
-        ragged = [i for i, layer in enumerate(cache.compressed_layers) if not layer.fused.single]  # type: ignore[union-attr]
+        ragged = [i for i, layer in enumerate(cache.compressed_layers) if not layer.storage.fused.single]  # type: ignore[union-attr]
         assert ragged, f"{method} on rows of {lengths} tokens should give some layer different segment lengths"
         for i in ragged:
             layer = cache.compressed_layers[i]
-            assert layer.fused is not None and layer.prefix is not None
-            lengths_sorted = layer.prefix.lengths[layer.prefix.perm].tolist()
-            assert [b.length for b in layer.fused.buckets] == sorted(set(lengths_sorted), reverse=True)
-            for bucket in layer.fused.buckets:
+            assert layer.storage.fused is not None and layer.holds_prompt
+            lengths_sorted = layer.storage.prefix.lengths[layer.storage.prefix.perm].tolist()
+            assert [b.length for b in layer.storage.fused.buckets] == sorted(set(lengths_sorted), reverse=True)
+            for bucket in layer.storage.fused.buckets:
                 n = bucket.keys.shape[0]
                 assert set(lengths_sorted[bucket.start : bucket.start + n]) == {bucket.length}
             # the tiers are given up, not kept beside the buckets: bytes are kept entries plus tail capacity
-            assert layer.prefix.tiers == [] and layer.tail_keys is None
+            assert layer.storage.prefix.tiers == [] and layer.storage.tail_keys is None
             segments, capacity, d = layer.batch_size * layer.num_kv_heads, layer.tail_capacity(), layer.head_dim
             entry = 2 * d * layer.dtype.itemsize
-            assert layer.nbytes() == (int(layer.prefix.lengths.sum()) + segments * capacity) * entry
-            layer.settle()
-            assert layer.fused is None and layer.tail_keys is not None
-            assert layer.nbytes() == (int(layer.prefix.lengths.sum()) + segments * capacity) * entry
+            assert layer.nbytes() == (int(layer.storage.prefix.lengths.sum()) + segments * capacity) * entry
+            layer.storage.settle()
+            assert layer.storage.fused is None and layer.storage.tail_keys is not None
+            assert layer.nbytes() == (int(layer.storage.prefix.lengths.sum()) + segments * capacity) * entry
             for old, new in zip(before[i], _segments(layer), strict=True):
                 assert torch.equal(old, new)  # the staircase comes back entry for entry
 
@@ -86,9 +86,11 @@ def test_settling_midway_changes_nothing_downstream(tiny_llama: PreTrainedModel)
     first = _decode(tiny_llama, plain, run_a, 5)
     second = _decode(tiny_llama, settled, run_b, 2)
     for layer in settled.compressed_layers:
-        layer.settle()
+        layer.storage.settle()
     second += _decode(tiny_llama, settled, run_b, 3)
-    assert any(layer.fused is not None and not layer.fused.single for layer in settled.compressed_layers)
+    assert any(
+        layer.storage.fused is not None and not layer.storage.fused.single for layer in settled.compressed_layers
+    )
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -98,11 +100,11 @@ def test_a_fork_shares_the_prefix_and_appends_to_its_own_tail(tiny_llama: PreTra
         cache, run = _prefill(tiny_llama, method, (80, 80))
         _decode(tiny_llama, cache, run, 1)
         clone = cache.fork()
-        before = [layer.tail_keys[:, : layer.tail_len].clone() for layer in cache.compressed_layers]  # type: ignore[index]
+        before = [layer.storage.tail_keys[:, : layer.tail_len].clone() for layer in cache.compressed_layers]  # type: ignore[index]
         ids = torch.tensor([[5], [6]])
         mask = torch.ones(2, clone.get_seq_length() + 1, dtype=torch.long)  # the fork holds the prompt, not the tail
         tiny_llama(input_ids=ids, attention_mask=mask, **cache_argument(tiny_llama, clone))
         for mine, theirs, old in zip(cache.compressed_layers, clone.compressed_layers, before, strict=True):
-            assert theirs.fused is None and theirs.tail_len == 1
-            assert theirs.prefix is mine.prefix  # shared, not copied
-            assert torch.equal(mine.tail_keys[:, : mine.tail_len], old)  # type: ignore[index]
+            assert theirs.storage.fused is None and theirs.tail_len == 1
+            assert theirs.storage.prefix is mine.storage.prefix  # shared, not copied
+            assert torch.equal(mine.storage.tail_keys[:, : mine.tail_len], old)  # type: ignore[index]

@@ -34,15 +34,15 @@ def exact_bytes(cache: ckv.CompressedCache) -> int:
     """Kept prompt entries plus allocated tail capacity, per head, in bytes."""
     total = 0
     for layer in cache.compressed_layers:
-        assert layer.prefix is not None
+        assert layer.holds_prompt
         segments = layer.batch_size * layer.num_kv_heads
-        total += (layer.prefix.num_entries + segments * layer.tail_capacity()) * entry_bytes(layer)
+        total += (layer.storage.prefix.num_entries + segments * layer.tail_capacity()) * entry_bytes(layer)
     return total
 
 
 def check_spare_capacity(cache: ckv.CompressedCache) -> None:
     for layer in cache.compressed_layers:
-        if layer.prefix is None:  # generate shows the prompt to the streamer before the prefill
+        if not layer.holds_prompt:  # generate shows the prompt to the streamer before the prefill
             continue
         spare = layer.tail_capacity() - layer.tail_len
         held = layer.kept_per_head().cpu()  # float64 below (which MPS lacks)
@@ -96,7 +96,7 @@ class CacheInspector:
 
     def put(self, value: torch.Tensor) -> None:
         self.steps += 1
-        if self.cache.compressed_layers[0].prefix is None:
+        if not self.cache.compressed_layers[0].holds_prompt:
             return
         check_spare_capacity(self.cache)
         assert self.cache.kv_bytes() == exact_bytes(self.cache)
@@ -156,8 +156,8 @@ def test_decoding_grows_the_cache_by_the_generated_tokens(
         assert cache.kv_bytes() < 0.75 * cache.kv_bytes_full()
     # the compressed prompt itself is untouched by decoding (settled: the tiers hold it again)
     for layer in layers:
-        layer.settle()
-    prefix_bytes = sum(layer.prefix.nbytes() for layer in layers if layer.prefix is not None)
+        layer.storage.settle()
+    prefix_bytes = sum(layer.storage.prefix.nbytes() for layer in layers if layer.holds_prompt)
     assert prefix_bytes == compressed_prompt.kv_bytes()
 
 

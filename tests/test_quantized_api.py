@@ -101,14 +101,14 @@ def test_bytes_equal_the_formula_and_shrink(model: PreTrainedModel) -> None:
         expected, partial = 0, 0
         for layer in cache.compressed_layers:
             d, s = layer.head_dim, layer.batch_size * layer.num_kv_heads
-            lengths = layer.prefix.lengths  # type: ignore[union-attr]
+            lengths = layer.storage.prefix.lengths  # type: ignore[union-attr]
             per_entry = 2 * d * bits // 8 + 2 * (d // GROUP) * 2
             blocks = int((lengths // GROUP).sum()) + int((lengths % GROUP > 0).sum())
             partial += int((lengths % GROUP > 0).sum())
             expected += int(lengths.sum()) * per_entry + 2 * blocks * d * 2
-            tail = s * layer.tail_blocks.num_blocks  # type: ignore[attr-defined]
+            tail = s * layer.storage.tail_blocks.num_blocks  # type: ignore[attr-defined]
             expected += tail * (GROUP * per_entry + 2 * d * 2)
-            expected += 2 * layer.residual_keys.numel() * 4  # type: ignore[attr-defined]  # float32 residual
+            expected += 2 * layer.storage.residual_keys.numel() * 4  # type: ignore[attr-defined]  # float32 residual
         assert partial > 0  # the formula covers partial blocks
         assert cache.kv_bytes() == expected
     assert sizes[4] < sizes[8] < sizes[16]
@@ -200,7 +200,7 @@ def test_attention_dequantizes_tile_by_tile(model: PreTrainedModel, monkeypatch:
     step = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     model(input_ids=ids[:, -1:], attention_mask=step, position_ids=positions(step)[:, -1:], cache=cache)
     layer = cache.compressed_layers[0]
-    longest = int(((layer.prefix.lengths + 3) // 4).max())  # type: ignore[union-attr]
-    stored = sum(tier.num_blocks * tier.num_segments for tier in layer.prefix.blocks)  # type: ignore[union-attr]
+    longest = int(((layer.storage.prefix.lengths + 3) // 4).max())  # type: ignore[union-attr]
+    stored = sum(tier.num_blocks * tier.num_segments for tier in layer.storage.prefix.blocks)  # type: ignore[union-attr]
     assert stored >= 3 * longest  # several segments: several tiles
     assert spans and max(spans) <= 4 * max(2, longest) < 4 * stored

@@ -129,7 +129,7 @@ def test_reselection_happens_and_the_oracle_can_fail() -> None:
     assert worst < 1e-4 and followed > 0
     layer = cache.compressed_layers[0]
     assert float(cache.kept_entries().double().mean(-1).max()) <= 8 + 2
-    assert layer.prefix is not None and layer.prefix.num_entries > 0
+    assert layer.holds_prompt and layer.storage.prefix.num_entries > 0
     ours = ckv.attach(make_tiny("llama"))
     options: dict[str, Any] = {"window": 4, "kv_bits": 4, "kv_group_size": 4}
     plain = ckv.CompressedCache.for_model(ours, "snapkv", 1.0, **options)

@@ -227,7 +227,7 @@ def test_a_bad_kernel_choice_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
 @pytest.fixture
 def count_c_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the quantized layers call the C kernel."""
-    from criticalkv.cache.quantized import layer as quantized_layer
+    from criticalkv.cache.quantized import storage as quantized_layer
 
     calls: list[int] = []
     real = quantized_layer.c_quantized_attention

@@ -69,7 +69,7 @@ def run_against_reference(
         KEEP.reset(tokens[0])
         QUANT.reset(tokens[1])
     layer = cache.compressed_layers[0]
-    assert layer.tail_used >= 1 and layer.residual_len >= residual  # type: ignore[attr-defined]
+    assert layer.storage.tail_used >= 1 and layer.storage.residual_len >= residual  # type: ignore[attr-defined]
     return worst
 
 

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 import criticalkv as ckv
 from criticalkv.cache.persist import read_header
-from criticalkv.cache.quantized import QuantizedLayer
+from criticalkv.cache.quantized import QuantizedStorage
 from criticalkv.runtime import append_tokens, prefill_into
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.tiny_tokenizer import char_tokenizer
@@ -52,8 +52,8 @@ def test_a_loaded_quantized_cache_decodes_with_the_same_logits(arch: str, bits: 
     for mine, theirs in zip(cache.keep_masks(), loaded.keep_masks(), strict=True):
         assert torch.equal(mine, theirs)
     layer = cache.compressed_layers[0]
-    assert isinstance(layer, QuantizedLayer) and layer.prefix is not None
-    assert layer.prefix.partial is not None  # heads with a partial block take part  # type: ignore[attr-defined]
+    assert isinstance(layer.storage, QuantizedStorage) and layer.holds_prompt
+    assert layer.storage.prefix.partial is not None  # heads with a partial block take part  # type: ignore[attr-defined]
     for a, b in zip(greedy_logits(model, cache.fork(), mask), greedy_logits(model, loaded.fork(), mask), strict=True):
         assert torch.equal(a, b)
     for a, b in zip(greedy_logits(model, cache, mask), greedy_logits(model, loaded, mask), strict=True):
@@ -66,7 +66,9 @@ def test_a_cache_with_a_quantized_tail_and_residual_round_trips(tmp_path: Path) 
     cache, mask = quantized(model, 4)
     _, mask = append_tokens(model, cache, mask, torch.tensor([list(range(7, 19))] * 2))  # 12 tokens: tail blocks
     layer = cache.compressed_layers[0]
-    assert isinstance(layer, QuantizedLayer) and layer.tail_used > 0 and layer.residual_len > 0
+    assert (
+        isinstance(layer.storage, QuantizedStorage) and layer.storage.tail_used > 0 and layer.storage.residual_len > 0
+    )
     cache.save(tmp_path / "t.ckv", model)
     loaded = ckv.CompressedCache.load(tmp_path / "t.ckv", model)
     assert loaded.kv_bytes() == cache.kv_bytes()

@@ -308,12 +308,12 @@ def test_compressed_cache_lives_on_each_layers_key_device(folder: Path) -> None:
         for layer, state in zip(compressed.compressed_layers, states, strict=True):
             new = state.keys[:1, :, -1:].expand(rows, -1, -1, -1)
             layer.append(new, new)
-            assert layer.fused is not None and layer.keep is not None
-            held = [layer.fused.flat_keys, layer.fused.flat_values, layer.keep]
-            layer.settle()  # and the tiers and tail it hands to readers
-            assert layer.prefix is not None and layer.tail_keys is not None and layer.tail_values is not None
-            held += [t for tier in layer.prefix.tiers for t in (tier.keys, tier.values)]
-            held += [layer.tail_keys, layer.tail_values]
+            assert layer.storage.fused is not None and layer.keep is not None
+            held = [layer.storage.fused.flat_keys, layer.storage.fused.flat_values, layer.keep]
+            layer.storage.settle()  # and the tiers and tail it hands to readers
+            assert layer.holds_prompt and layer.storage.tail_keys is not None and layer.storage.tail_values is not None
+            held += [t for tier in layer.storage.prefix.tiers for t in (tier.keys, tier.values)]
+            held += [layer.storage.tail_keys, layer.storage.tail_values]
             assert layer.device == state.keys.device and layer.dtype == state.keys.dtype == torch.bfloat16
             assert all(t.device == state.keys.device for t in held)
 

@@ -141,7 +141,7 @@ def test_a_quantized_answer_holds_no_more_than_its_reserve(reference: tuple, on_
     for _ in range(max_tokens - 1):
         logits = decode_rows(model, [cache], [int(logits.argmax())])[0]
         held.append(cache.kv_bytes() - base)
-    assert cache.compressed_layers[0].tail_used > 0  # blocks were quantized along the way
+    assert cache.compressed_layers[0].storage.tail_used > 0  # blocks were quantized along the way
     assert max(held) <= reserve
 
 

@@ -3,13 +3,18 @@
 from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention, route_attention
 from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.layer import CompressedLayer, new_storage, storage_class
+from criticalkv.cache.storage import Geometry, Storage
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "CaptureCache",
     "CompressedCache",
     "CompressedLayer",
+    "Geometry",
+    "Storage",
     "criticalkv_attention",
+    "new_storage",
     "route_attention",
+    "storage_class",
 ]

@@ -63,7 +63,7 @@ def criticalkv_attention(
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     if isinstance(layer, RowsLayer):  # separate caches decoded as one batch (cache/batch/rows.py)
         return layer.attend(query, scale), None
-    if isinstance(layer, CompressedLayer) and layer.prefix is not None:
+    if isinstance(layer, CompressedLayer) and layer.holds_prompt:
         out = layer.attend(query, attention_mask, scale)
         if layer.on_attend is not None:  # the cache may re-select now that this step attended
             with torch.no_grad():

@@ -13,11 +13,10 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
-from criticalkv.cache.fork import fork_cache
-from criticalkv.cache.layer import CompressedLayer
+from criticalkv.cache.layer import CompressedLayer, new_storage
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
-from criticalkv.cache.quantized import check_quantized_decode, make_layer, quantization_for
+from criticalkv.cache.quantized import check_quantized_decode, quantization_for, storage_options
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.needs import QueriesNeeded
@@ -97,7 +96,8 @@ class CompressedCache(Cache):
         self.window = check_window(window)
         self.num_layers = num_layers
         self.real_prompt_tokens: torch.Tensor | None = None
-        self._budget_tokens: torch.Tensor | None = None
+        #: (B,) entries per KV head on average each row keeps, resolved from ``budget`` at the prefill
+        self.budget_tokens: torch.Tensor | None = None
         #: cross-layer methods: the layers seen so far in this prefill, compressed after the last one
         self._deferred: dict[int, tuple[CompressedLayer, LayerState]] = {}
         #: the token ids fed so far, to recognise a continuation (see the class docstring)
@@ -106,7 +106,7 @@ class CompressedCache(Cache):
         #: the device is synchronised around each layer so the time is exact on CUDA (benchmarks only)
         self.compress_seconds = 0.0
         self.synchronize_timing = False
-        layers = [make_layer(i, self._compress_layer, self.quantization) for i in range(num_layers)]
+        layers = [CompressedLayer(i, self._compress_layer, new_storage(self.quantization)) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
         self.decode: DecodeCompression | None = None  # the decode budget, if any
         if decode_budget is not None:
@@ -199,25 +199,27 @@ class CompressedCache(Cache):
         self.compress_seconds += time.perf_counter() - started
 
     def _select_and_store(self, layer: CompressedLayer, state: LayerState) -> None:
-        if self._budget_tokens is None or self._budget_tokens.shape[0] != state.batch_size:
+        if self.budget_tokens is None or self.budget_tokens.shape[0] != state.batch_size:
             self.real_prompt_tokens = state.lengths
-            self._budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
+            self.budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
+            if self.decode is not None:  # held at the decode budget from the start (see DecodeCompression)
+                self.budget_tokens = self.budget_tokens.clamp(max=self.decode.budget)
         if self.method.needs.cross_layer:
             self._deferred[layer.layer_idx] = (layer, state)
             if len(self._deferred) == self.num_layers:
                 self._compress_jointly()
             return
-        keep = self.method.keep_mask(state, self._budget_tokens)
+        keep = self.method.keep_mask(state, self.budget_tokens)
         layer.set_prefix(state.keys, state.values, keep)
         if self.decode is not None:
             self.decode.after_prefill(layer, state)
 
     def _compress_jointly(self) -> None:
         """Select over every deferred layer at once (cross-layer budgets), then store each layer."""
-        assert self._budget_tokens is not None
+        assert self.budget_tokens is not None
         pairs = [self._deferred[i] for i in sorted(self._deferred)]
         self._deferred = {}
-        keeps = self.method.keep_masks([state for _, state in pairs], self._budget_tokens)
+        keeps = self.method.keep_masks([state for _, state in pairs], self.budget_tokens)
         for (layer, state), keep in zip(pairs, keeps, strict=True):
             layer.set_prefix(state.keys, state.values, keep)
         logger.debug("%s: compressed %d layers jointly", self.method.name, len(pairs))
@@ -228,11 +230,19 @@ class CompressedCache(Cache):
 
         Use it to ask several questions of one compressed context (question-agnostic mode).
         """
-        return fork_cache(self)
+        clone = type(self)(self.num_layers, self.method, self.budget, self.window, **storage_options(self.quantization))
+        clone.layers = [layer.fork(clone._compress_layer) for layer in self.compressed_layers]
+        if self.decode is not None:  # its own decode budget: the two decode independently
+            clone.decode = self.decode.fork()
+            clone.decode.install(clone.compressed_layers)
+        clone.real_prompt_tokens = self.real_prompt_tokens
+        clone.budget_tokens = self.budget_tokens
+        clone.tokens = self.tokens.head(self.compressed_layers[0].prefix_len)
+        return clone
 
     def holds_prompt(self) -> bool:
         """Whether a compressed prompt is stored (then only continuations are accepted)."""
-        return any(layer.prefix is not None for layer in self.compressed_layers)
+        return any(layer.holds_prompt for layer in self.compressed_layers)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.tokens.select(beam_idx)
@@ -268,7 +278,7 @@ class CompressedCache(Cache):
         """Bytes an uncompressed cache would hold for the same real tokens."""
         total = 0
         for layer in self.compressed_layers:
-            if layer.prefix is None or self.real_prompt_tokens is None:
+            if not layer.holds_prompt or self.real_prompt_tokens is None:
                 continue
             per_token = 2 * layer.num_kv_heads * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
             appended = layer.tail_len if self.decode is None else self.decode.appended(layer)

@@ -1,58 +1,61 @@
-"""One layer of the physically compressed cache."""
+"""One layer of the physically compressed cache: a transformers cache layer over a storage."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from criticalkv.cache.layouts import LengthBuckets, RaggedPrefix, build_prefix, ragged_attention
+from criticalkv.cache.layouts import RaggedStorage
+from criticalkv.cache.quantized import KVQuantization, QuantizedStorage
 from criticalkv.cache.routing import announce
+from criticalkv.cache.storage import MIN_GROWTH, Geometry, Storage
 
-#: spare tail capacity when the tail grows: max(MIN_GROWTH, 12.5% of the new length)
-MIN_GROWTH = 64
+__all__ = ["MIN_GROWTH", "AttendHook", "CompressedLayer", "PrefillHook", "new_storage", "storage_class"]
 
 PrefillHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
 #: (layer, queries, appended values, 4D mask, attention module), after each attention over the layer
 AttendHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor | None, Any], None]
 
 
+def storage_class(spec: KVQuantization | None) -> type[Storage]:
+    """The storage implementation for the storage part of a cache's spec (``None``: the model's dtype)."""
+    return RaggedStorage if spec is None else QuantizedStorage
+
+
+def new_storage(spec: KVQuantization | None) -> Storage:
+    """An empty storage for the storage part of a cache's spec."""
+    return RaggedStorage() if spec is None else QuantizedStorage(spec)
+
+
 class CompressedLayer(CacheLayerMixin):
     """A layer whose every (batch row, KV head) holds only the entries it kept.
 
-    The compressed prompt is a :class:`RaggedPrefix` (exact bytes, no padding); tokens
-    appended afterwards (the question in question-agnostic mode, generated tokens) go to a
-    dense tail of shape (S, capacity, d) that grows geometrically, so an append is amortised
-    O(1) per head and spare capacity stays below max(12.5%, 64 entries).
+    Its entries live in a :class:`~criticalkv.cache.storage.Storage` (16-bit ragged layouts or
+    quantized); the layer keeps what the model and the selection see: the logical length (prompt
+    tokens before eviction plus appended tokens), the kept positions, the batch geometry, and the
+    mask of the appended tokens.
     """
 
     is_compileable = False
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, layer_idx: int, on_prefill: PrefillHook | None = None) -> None:
+    def __init__(self, layer_idx: int, on_prefill: PrefillHook | None = None, storage: Storage | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.on_prefill = on_prefill
-        self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode/budget.py)
-        self.prefix: RaggedPrefix | None = None
+        self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode/)
+        self.storage = RaggedStorage() if storage is None else storage
         self.keep: torch.Tensor | None = None
         self.prefix_len = 0
         self.batch_size = 0
         self.num_kv_heads = 0
         self.head_dim = 0
-        self.tail_keys: torch.Tensor | None = None
-        self.tail_values: torch.Tensor | None = None
-        self.tail_len = 0
         self.tail_may_have_padding = False
-        #: an owned prefix moves, with the tail, into length buckets (cache/layouts/buckets.py) at the first append;
-        #: one bucket (uniform): ``prefix.tiers`` and ``tail_keys``/``tail_values`` are views into it;
-        #: several: those are empty/None until :meth:`settle` (bytes are the buckets', never twice)
-        self.fused: LengthBuckets | None = None
-        self.owns_prefix = False
+        self.holds_prompt = False
 
     # --- transformers' CacheLayerMixin interface -------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -62,7 +65,7 @@ class CompressedLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.prefix is None:
+        if not self.holds_prompt:
             if self.on_prefill is None:
                 raise RuntimeError("this compressed cache layer has no prompt and no way to compress one")
             self.lazy_initialization(key_states, value_states)
@@ -87,13 +90,11 @@ class CompressedLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.prefix = None
+        self.storage = self.storage.empty()
         self.keep = None
-        self.prefix_len = self.tail_len = 0
-        self.tail_keys = self.tail_values = None
+        self.prefix_len = 0
         self.tail_may_have_padding = False
-        self.fused = None
-        self.owns_prefix = False
+        self.holds_prompt = False
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -105,147 +106,55 @@ class CompressedLayer(CacheLayerMixin):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Rebuild the layer for the batch rows ``indices`` (beam search, repeated samples)."""
-        if self.prefix is None:
+        if not self.holds_prompt:
             return
-        self.settle()
         indices = indices.to(self.device).long()
-        h, d = self.num_kv_heads, self.head_dim
-        old_segments = (indices[:, None] * h + torch.arange(h, device=self.device)).reshape(-1)
-        pieces = [self.prefix.segment(int(s)) for s in old_segments]
-        longest = max(int(k.shape[0]) for k, _ in pieces)
-        new_b = int(indices.shape[0])
-        keys = torch.zeros(new_b * h, longest, d, dtype=self.dtype, device=self.device)
-        values = torch.zeros_like(keys)
-        keep = torch.zeros(new_b * h, longest, dtype=torch.bool, device=self.device)
-        for i, (k, v) in enumerate(pieces):
-            keys[i, : k.shape[0]], values[i, : v.shape[0]], keep[i, : k.shape[0]] = k, v, True
-        tail = None
-        if self.tail_keys is not None and self.tail_values is not None:
-            order = self.prefix.inv_perm[old_segments]
-            tail = (self.tail_keys[order, : self.tail_len], self.tail_values[order, : self.tail_len])
-        old_keep = self.keep[indices] if self.keep is not None else None
-        logical_len = self.prefix_len
-        padded = self.tail_may_have_padding
-        self.set_prefix(
-            keys.view(new_b, h, longest, d),
-            values.view(new_b, h, longest, d),
-            keep.view(new_b, h, -1),
-            logical_len=logical_len,
-        )
-        self.keep = old_keep
-        self.tail_keys = self.tail_values = None
-        self.tail_len = 0
-        if tail is not None:
-            assert self.prefix is not None
-            unsorted_k = tail[0].view(new_b, h, -1, d)
-            unsorted_v = tail[1].view(new_b, h, -1, d)
-            self.append(unsorted_k, unsorted_v)
-        self.tail_may_have_padding = padded
+        h = self.num_kv_heads
+        segments = (indices[:, None] * h + torch.arange(h, device=self.device)).reshape(-1)
+        self.storage.select_segments(segments, int(indices.shape[0]))
+        self.batch_size = int(indices.shape[0])
+        self.keep = self.keep[indices] if self.keep is not None else None
 
     # --- compression and storage -----------------------------------------------------------------
+    @property
+    def tail_len(self) -> int:
+        """Tokens appended since the prompt (or the last re-selection), the same for every head."""
+        return self.storage.tail_len if self.holds_prompt else 0
+
     def set_prefix(
         self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, logical_len: int | None = None
     ) -> None:
-        """Store the kept entries of the prompt's (B, H_kv, T, d) keys/values."""
+        """Store the kept entries of the prompt's (B, H_kv, T, d) keys/values.
+
+        With ``logical_len`` (a decode-time re-selection, :mod:`~criticalkv.cache.decode`) the
+        entries are those the layer already held, laid out on ``T`` columns, and the layer's logical
+        length is ``logical_len``.
+        """
         b, h, t, d = keys.shape
+        self.storage.set_prefix(keys, values, keep, reselected=logical_len is not None)
         self.batch_size, self.num_kv_heads, self.head_dim = b, h, d
         self.device, self.dtype = keys.device, keys.dtype
-        self.prefix = build_prefix(keys, values, keep)
         self.keep = keep
         self.prefix_len = t if logical_len is None else logical_len
         self.tail_may_have_padding = False
-        self.tail_keys = self.tail_values = None
-        self.tail_len = 0
-        self.fused = None
-        self.owns_prefix = True
+        self.holds_prompt = True
         self.is_initialized = True
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Append (B, H_kv, q, d) entries to every segment's tail."""
-        assert self.prefix is not None
-        s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
         if key_states.shape[0] != self.batch_size:
             raise ValueError(f"the compressed cache holds {self.batch_size} rows but {key_states.shape[0]} were passed")
-        new_k = key_states.reshape(s, q, d)
-        new_v = value_states.reshape(s, q, d)
-        need = self.tail_len + q
-        if self.owns_prefix:
-            self._fuse(need, new_k)
-            assert self.fused is not None
-            self.fused.write(new_k, new_v, self.tail_len)
-            self.tail_len = need
-            return
-        if not self.prefix.identity:
-            new_k, new_v = new_k[self.prefix.perm], new_v[self.prefix.perm]
-        capacity = 0 if self.tail_keys is None else int(self.tail_keys.shape[1])
-        if need > capacity:
-            self._grow_tail(need + max(MIN_GROWTH, need // 8))
-        assert self.tail_keys is not None and self.tail_values is not None
-        self.tail_keys[:, self.tail_len : need] = new_k
-        self.tail_values[:, self.tail_len : need] = new_v
-        self.tail_len = need
-
-    def _fuse(self, need: int, like: torch.Tensor) -> None:
-        """Build (first append) or grow the length buckets so that ``need`` tail entries fit."""
-        assert self.prefix is not None
-        capacity = need + max(MIN_GROWTH, need // 8)
-        if self.fused is None:
-            tail = self.tail_keys, self.tail_values
-            self.fused = LengthBuckets.build(self.prefix, *tail, self.tail_len, capacity, like)
-        elif need > self.fused.capacity:
-            self.fused = self.fused.grown(self.prefix, self.tail_len, capacity)
-        else:
-            return
-        # a new prefix object: forks made earlier keep theirs (the old tensors stay valid)
-        single = self.fused.single
-        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers() if single else [])
-        self.tail_keys, self.tail_values = self.fused.tail() if single else (None, None)
-
-    def settle(self) -> None:
-        """Put the entries back in ``prefix.tiers`` and the plain tail (for readers); appends rebucket."""
-        if self.fused is None or self.fused.single or self.prefix is None:
-            return
-        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers())
-        self.tail_keys, self.tail_values = self.fused.tail()
-        self.fused = None
-
-    def _grow_tail(self, capacity: int) -> None:
-        """Reallocate the plain tail with room for ``capacity`` entries per segment (contents kept)."""
-        assert self.prefix is not None
-        s, d = self.batch_size * self.num_kv_heads, self.head_dim
-        tail_k = torch.empty(s, capacity, d, dtype=self.dtype, device=self.device)
-        tail_v = torch.empty_like(tail_k)
-        if self.tail_keys is not None and self.tail_values is not None and self.tail_len:
-            tail_k[:, : self.tail_len] = self.tail_keys[:, : self.tail_len]
-            tail_v[:, : self.tail_len] = self.tail_values[:, : self.tail_len]
-        self.tail_keys, self.tail_values = tail_k, tail_v
+        s, q, d = self.batch_size * self.num_kv_heads, key_states.shape[2], self.head_dim
+        self.storage.append(key_states.reshape(s, q, d), value_states.reshape(s, q, d))
 
     def attend(self, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
         """Attention of (B, H_q, q, d) queries (already appended) -> (B, q, H_q, d)."""
-        assert self.prefix is not None
         b, h_q, q, d = query.shape
         h = self.num_kv_heads
         g = h_q // h
-        prefix, t = self.prefix, self.tail_len
-        q_flat = query.reshape(b * h, g * q, d)
+        t = self.tail_len
         tail_mask = self._tail_mask(attention_mask, b, g, q, t) if t > 0 else None
-        if self.fused is not None:  # the buckets read segment order themselves
-            out = self.fused.attend(q_flat, tail_mask, t, scaling)
-        else:
-            assert self.tail_keys is not None or t == 0
-            if not prefix.identity:  # index_select: far cheaper than [perm]
-                q_flat = q_flat.index_select(0, prefix.perm)
-                tail_mask = None if tail_mask is None else tail_mask.index_select(0, prefix.perm)
-            out = ragged_attention(
-                q_flat,
-                prefix.tiers,
-                None if self.tail_keys is None else self.tail_keys[:, :t],
-                None if self.tail_values is None else self.tail_values[:, :t],
-                tail_mask,
-                scaling,
-            )
-            if not prefix.identity:
-                out = out.index_select(0, prefix.inv_perm)
+        out = self.storage.attend(query.reshape(b * h, g * q, d), tail_mask, scaling)
         return out.view(b, h, g, q, d).reshape(b, h_q, q, d).transpose(1, 2)
 
     def _tail_mask(self, attention_mask: torch.Tensor | None, b: int, g: int, q: int, t: int) -> torch.Tensor | None:
@@ -272,23 +181,53 @@ class CompressedLayer(CacheLayerMixin):
         full = cols[:, None, None].expand(b, h, g, q, t)
         return full.reshape(b * h, g * q, t)
 
+    # --- copies and files ------------------------------------------------------------------------
+    def fork(self, on_prefill: PrefillHook | None = None) -> CompressedLayer:
+        """A layer sharing this one's compressed prompt (read-only) with an empty tail of its own."""
+        if not self.holds_prompt:
+            raise ValueError("only a cache that already holds a compressed prompt can be forked")
+        clone = CompressedLayer(self.layer_idx, on_prefill, self.storage.share())
+        clone.restore_shape(self.geometry(), self.keep, self.prefix_len, self.tail_may_have_padding)
+        return clone
+
+    def geometry(self) -> Geometry:
+        """The batch rows, KV heads, head size, dtype and device of what the layer holds."""
+        return Geometry(self.batch_size, self.num_kv_heads, self.head_dim, self.dtype, self.device)
+
+    def restore_shape(self, geometry: Geometry, keep: torch.Tensor | None, prefix_len: int, padded: bool) -> None:
+        """Set what the layer knows of its prompt (its storage already holds the entries): a fork or a file."""
+        self.batch_size, self.num_kv_heads, self.head_dim = (
+            geometry.batch_size,
+            geometry.num_kv_heads,
+            geometry.head_dim,
+        )
+        self.device, self.dtype = geometry.device, geometry.dtype
+        self.keep, self.prefix_len, self.tail_may_have_padding = keep, prefix_len, padded
+        self.holds_prompt = self.is_initialized = True
+
     # --- accounting ------------------------------------------------------------------------------
     def nbytes(self) -> int:
         """Bytes held by this layer's keys and values (tail capacity included)."""
-        if self.fused is not None:
-            return self.fused.nbytes()
-        total = 0 if self.prefix is None else self.prefix.nbytes()
-        for tensor in (self.tail_keys, self.tail_values):
-            if tensor is not None:
-                total += tensor.numel() * tensor.element_size()
-        return total
+        return self.storage.nbytes() if self.holds_prompt else 0
+
+    def prefix_lengths(self) -> torch.Tensor:
+        """(B, H_kv) prompt entries each head holds (its prefix)."""
+        if not self.holds_prompt:
+            raise ValueError("the cache holds no compressed prompt yet")
+        return self.storage.lengths.view(self.batch_size, self.num_kv_heads)
+
+    def segment_bytes(self) -> torch.Tensor:
+        """(B, H_kv) bytes each head's prefix holds."""
+        return self.storage.segment_bytes().view(self.batch_size, self.num_kv_heads)
 
     def kept_per_head(self) -> torch.Tensor:
         """(B, H_kv) entries each head holds (prefix plus tail)."""
-        assert self.prefix is not None
-        return self.prefix.lengths.view(self.batch_size, self.num_kv_heads) + self.tail_len
+        return self.prefix_lengths() + self.tail_len
 
     def tail_capacity(self) -> int:
-        if self.fused is not None:
-            return self.fused.capacity
-        return 0 if self.tail_keys is None else int(self.tail_keys.shape[1])
+        """Tail entries per head that fit before the storage grows."""
+        return self.storage.capacity() if self.holds_prompt else 0
+
+    def limit_tail(self, room: int | None) -> None:
+        """Size the tail for at most ``room`` entries per head before it is emptied (``None``: unknown)."""
+        self.storage.tail_room = room

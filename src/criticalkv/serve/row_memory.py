@@ -4,8 +4,9 @@ A row on a stored context shares that context's compressed prefix (counted once 
 rows read it) and holds a tail of its own: its question and the tokens it generates. The
 engine admits an answer only if its context and its tail's reserve fit in the memory cap
 beside every running row's context and reserve, so the bytes the rows hold stay within the cap.
-With quantized storage a tail holds a full-precision residual and quantized blocks
-(:class:`~criticalkv.cache.quantized.layer.QuantizedLayer`); its reserve bounds both.
+A row's reserve is what the storage it uses says its tail may come to hold
+(:meth:`~criticalkv.cache.storage.Storage.tail_bytes`, the storage's own growth policy; with
+quantized storage a full-precision residual and quantized blocks).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.layer import MIN_GROWTH
-from criticalkv.cache.quantized import DEFAULT_RESIDUAL, KVQuantization, empty_blocks
+from criticalkv.cache import Geometry, storage_class
+from criticalkv.cache.quantized import KVQuantization
 
 
 def _shape(model: Any) -> tuple[int, int, int]:
@@ -34,42 +35,23 @@ def token_bytes(model: Any) -> int:
     return layers * 2 * kv_heads * head_dim * (torch.finfo(model.dtype).bits // 8)
 
 
-def tail_reserve(per_token: int, tokens: int) -> int:
-    """The most bytes a fork's tail holds for ``tokens`` appended entries (its capacity grows to
-    ``need + max(MIN_GROWTH, need // 8)``, :class:`~criticalkv.cache.layer.CompressedLayer`)."""
-    return per_token * (tokens + max(MIN_GROWTH, tokens // 8))
-
-
-def quantized_tail_reserve(model: Any, spec: KVQuantization, first: int, tokens: int) -> int:
-    """The most bytes a quantized single-row tail holds for ``tokens`` appended entries, the
-    first append ``first`` of them (a question) and then one at a time.
-
-    The residual grows to ``need + G`` when full and keeps at most ``residual + G`` entries after
-    an append of one, so its capacity stays within ``max(first + G, min(tokens, residual + G) + G)``;
-    the quantized blocks (at most ``tokens // G``) grow to ``need + max(2, need // 8)``.
-    """
+def _row_geometry(model: Any) -> tuple[int, Geometry]:
+    """(decoder layers, the geometry of one single-row layer) of ``model``."""
     layers, kv_heads, head_dim = _shape(model)
-    g = spec.group_size
-    residual = DEFAULT_RESIDUAL if spec.residual is None else spec.residual  # the default is capped below it
-    capacity = max(first + g, min(tokens, residual + g) + g)
-    blocks = tokens // g
-    block_capacity = blocks + max(2, blocks // 8) if blocks else 0
-    block = empty_blocks(1, 1, head_dim, spec.bits, g, torch.device("cpu")).nbytes()
-    element = torch.finfo(model.dtype).bits // 8
-    return layers * kv_heads * (capacity * 2 * head_dim * element + block_capacity * block)
+    return layers, Geometry(1, kv_heads, head_dim, model.dtype, torch.device("cpu"))
 
 
 def answer_reserve(model: Any, spec: KVQuantization | None, work: Any, per_token: int) -> int:
-    """The most KV bytes of its own an answer (a serve ``ChatWork``) may hold: a fork's tail (its
-    question and answer), or a prompt compressed for the request (bounded by the whole prompt at
-    full precision) and its answer's tail."""
-    on_context = work.context_id is not None
+    """The most KV bytes of its own an answer (a serve ``ChatWork``) may hold, as the storage it
+    will use computes it (:meth:`~criticalkv.cache.storage.Storage.tail_bytes`): a fork's tail (its
+    question, appended at once, and its answer), or a prompt compressed for the request (bounded by
+    the whole prompt at full precision) and its answer's tail."""
+    layers, geometry = _row_geometry(model)
+    storage = storage_class(spec)
     prompt, answer = len(work.prompt_ids), work.max_tokens
-    if spec is None:
-        return tail_reserve(per_token, prompt + answer)
-    if on_context:
-        return quantized_tail_reserve(model, spec, prompt, prompt + answer)
-    return per_token * prompt + quantized_tail_reserve(model, spec, 1, answer)
+    if work.context_id is not None:
+        return layers * storage.tail_bytes(spec, geometry, prompt, prompt + answer)
+    return per_token * prompt + layers * storage.tail_bytes(spec, geometry, 1, answer)
 
 
 def held_bytes(rows: Sequence[Any], reserved: bool = False) -> int:

@@ -16,25 +16,31 @@ import torch
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.decode import DecodeCompression
-from criticalkv.cache.quantized import QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 
 
-def keep_masks(states: Sequence[LayerState], method: Method, budget: Budget) -> list[torch.Tensor]:
+def keep_masks(
+    states: Sequence[LayerState], method: Method, budget: Budget, at_most: int | None = None
+) -> list[torch.Tensor]:
     """Per layer, the (B, H_kv, T) keep mask ``method`` chooses at ``budget`` (jointly over the
-    layers for cross-layer budgets, see :meth:`Method.keep_masks`)."""
+    layers for cross-layer budgets, see :meth:`Method.keep_masks`), at most ``at_most`` entries per
+    KV head on average (a decode budget)."""
     tokens = resolve_budget(budget, states[0].lengths, states[0].window)
-    return method.keep_masks(states, tokens)
+    return method.keep_masks(states, tokens if at_most is None else tokens.clamp(max=at_most))
 
 
 def stacked_cache(
-    states: Sequence[LayerState], configs: Sequence[tuple[Method, Budget]], **storage: Any
+    states: Sequence[LayerState],
+    configs: Sequence[tuple[Method, Budget]],
+    at_most: int | None = None,
+    **storage: Any,
 ) -> tuple[CompressedCache, list[float]]:
     """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``
     (``storage``: ``kv_bits`` etc., see :class:`CompressedCache`).
 
-    Returns the cache and the selection time of each config (seconds).
+    ``at_most`` caps every config's entries per KV head on average (a decode budget). Returns the
+    cache and the selection time of each config (seconds).
     """
     if not states or states[0].batch_size != 1:
         raise ValueError("stacking needs the prefill states of exactly one prompt (batch size 1)")
@@ -42,7 +48,7 @@ def stacked_cache(
     per_config: list[list[torch.Tensor]] = []
     for method, budget in configs:
         start = time.perf_counter()
-        per_config.append(keep_masks(states, method, budget))
+        per_config.append(keep_masks(states, method, budget, at_most))
         times.append(time.perf_counter() - start)
     k = len(configs)
     cache = CompressedCache(len(states), "full", 1.0, window=states[0].window, **storage)
@@ -69,7 +75,7 @@ def decode_budget_cache(
     others. ``storage``: the storage options (``kv_bits`` etc.). Returns the cache and the
     prompt's selection time (seconds).
     """
-    cache, times = stacked_cache(states, [(method, budget)], **storage)
+    cache, times = stacked_cache(states, [(method, budget)], decode_budget, **storage)
     held = DecodeCompression(method, decode_budget, decode_interval, cache.window, len(states))
     held.install(cache.compressed_layers)
     for layer, state in zip(cache.compressed_layers, states, strict=True):
@@ -82,11 +88,8 @@ def row_kv_bytes(cache: CompressedCache) -> list[int]:
     """Bytes of keys and values each batch row holds in the compressed prompt."""
     totals: list[int] = []
     for layer in cache.compressed_layers:
-        if layer.prefix is None:
+        if not layer.holds_prompt:
             raise ValueError("the cache holds no compressed prompt")
-        entry = 2 * layer.head_dim * torch.empty((), dtype=layer.dtype).element_size()
-        per_row = layer.prefix.lengths.view(layer.batch_size, layer.num_kv_heads).sum(-1) * entry
-        if isinstance(layer.prefix, QuantizedPrefix):
-            per_row = layer.prefix.segment_bytes().view(layer.batch_size, layer.num_kv_heads).sum(-1)
+        per_row = layer.segment_bytes().sum(-1)
         totals = per_row.tolist() if not totals else [a + b for a, b in zip(totals, per_row.tolist(), strict=True)]
     return [int(t) for t in totals]

@@ -18,6 +18,7 @@ host so a step that does not re-select costs no device synchronisation.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -112,11 +113,11 @@ class DecodeCompression:
     # --- hooks -----------------------------------------------------------------------------------
     def after_prefill(self, layer: CompressedLayer, state: LayerState) -> None:
         """Start tracking ``layer`` once its prompt is compressed (``layer.keep`` set from ``state``)."""
-        assert layer.prefix is not None and layer.keep is not None
+        assert layer.holds_prompt and layer.keep is not None
         norms = None
         if self.norm_p is not None:
             norms = kept_in_order(self._state_norms(state), layer.keep, layer)
-        avg = layer.prefix.lengths.view(layer.batch_size, layer.num_kv_heads).double().mean(-1).tolist()
+        avg = layer.prefix_lengths().double().mean(-1).tolist()
         self.layers[layer.layer_idx] = LayerDecode(
             module=state.module,
             queries=state.queries[:, :, -self.window :].clone(),  # frees the prefill's query tensor
@@ -126,6 +127,7 @@ class DecodeCompression:
             threshold=[float(self.budget + self.interval)] * layer.batch_size,
             tail_counts=[0] * layer.batch_size,
         )
+        self._limit_tail(layer, self.layers[layer.layer_idx])
         self._account(layer)
 
     def after_attend(
@@ -176,16 +178,23 @@ class DecodeCompression:
             norms=norms,
             norms_key=self._norms_key(layer),
         )
-        assert layer.prefix is not None
         track.prefix_norms = result.norms
-        track.prefix_avg = layer.prefix.lengths.view(layer.batch_size, -1).double().mean(-1).tolist()
+        track.prefix_avg = layer.prefix_lengths().double().mean(-1).tolist()
         # each layer is held to what the budget rule gave it (layer-varying rules: its own share)
         track.threshold = [a + self.interval for a in track.prefix_avg]
         track.tail_valid = []
         track.tail_counts = [0] * layer.batch_size
+        self._limit_tail(layer, track)
         self.reselections += 1
         self.seconds += time.perf_counter() - started
         self._account(layer)
+
+    @staticmethod
+    def _limit_tail(layer: CompressedLayer, track: LayerDecode) -> None:
+        """Size the layer's tail for the most single-token steps before its next re-selection: the
+        first row to exceed its threshold re-selects the layer, so memory held is memory needed."""
+        room = min(t - a for a, t in zip(track.prefix_avg, track.threshold, strict=True))
+        layer.limit_tail(max(1, math.floor(room) + 1))
 
     def _new_valid(self, layer: CompressedLayer, attention_mask: torch.Tensor | None, q: int) -> torch.Tensor | None:
         """(B, q) bool of the appended entries that are real tokens, ``None`` when all are (no sync)."""

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.quantized import QuantizedLayer, QuantizedPrefix
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 
@@ -35,58 +34,16 @@ class UnionLayout:
     logical_len: int  # prefix_len + tail_len of the layer
 
 
-def _dense_prefix(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, L, d) keys and values of every segment's prefix, original segment order, zero-padded
-    (a quantized prefix: dequantized)."""
-    layer.settle()
-    prefix = layer.prefix
-    assert prefix is not None
-    s, d = layer.batch_size * layer.num_kv_heads, layer.head_dim
-    if isinstance(prefix, QuantizedPrefix):
-        return prefix.dense(d, layer.dtype)
-    width = prefix_width(layer)
-    keys = torch.zeros(s, width, d, dtype=layer.dtype, device=layer.device)
-    values = torch.zeros_like(keys)
-    offset = 0
-    for tier in prefix.tiers:
-        n, w = int(tier.keys.shape[0]), int(tier.keys.shape[1])
-        keys[:n, offset : offset + w], values[:n, offset : offset + w] = tier.keys, tier.values
-        offset += w
-    if not prefix.identity:
-        keys, values = keys[prefix.inv_perm], values[prefix.inv_perm]
-    return keys, values
-
-
-def prefix_width(layer: CompressedLayer) -> int:
-    """The longest segment's prefix entries (the width of the dense prefix)."""
-    prefix = layer.prefix
-    assert prefix is not None
-    if isinstance(prefix, QuantizedPrefix):  # no tiers: its lengths say it
-        return int(prefix.lengths.max()) if prefix.lengths.numel() else 0
-    return sum(int(tier.keys.shape[1]) for tier in prefix.tiers)  # read off the shapes: no device sync
-
-
 def tail_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, t, d) keys and values of every segment's tail, original segment order (a quantized
-    layer's as held: its quantized blocks dequantized, then its exact residual)."""
-    layer.settle()
-    assert layer.prefix is not None
-    if isinstance(layer, QuantizedLayer):
-        return layer.dense_tail()
-    t = layer.tail_len
-    if not t or layer.tail_keys is None or layer.tail_values is None:
-        empty = torch.zeros(layer.batch_size * layer.num_kv_heads, 0, layer.head_dim, dtype=layer.dtype)
-        return empty.to(layer.device), empty.to(layer.device)
-    tail_k, tail_v = layer.tail_keys[:, :t], layer.tail_values[:, :t]
-    if not layer.prefix.identity:
-        tail_k, tail_v = tail_k[layer.prefix.inv_perm], tail_v[layer.prefix.inv_perm]
-    return tail_k, tail_v
+    """(S, t, d) keys and values of every segment's tail, original segment order (as held: quantized
+    storage's blocks dequantized, then its exact residual)."""
+    return layer.storage.dense_tail()
 
 
 def physical_entries(layer: CompressedLayer) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(S, L + t, d) keys and values of every segment (prefix, then tail) and the prefix width L."""
-    keys, values = _dense_prefix(layer)
-    tail_k, tail_v = tail_entries(layer)
+    keys, values = layer.storage.dense_prefix()
+    tail_k, tail_v = layer.storage.dense_tail()
     return torch.cat([keys, tail_k], dim=1), torch.cat([values, tail_v], dim=1), int(keys.shape[1])
 
 
@@ -178,9 +135,8 @@ def reselect(
 def kept_in_order(per_entry: torch.Tensor, keep: torch.Tensor, layer: CompressedLayer) -> torch.Tensor:
     """(S, L) the (B, H_kv, T) ``per_entry`` values of each segment's kept entries, in position order
     (``L`` the layer's longest segment; zero beyond a segment's length)."""
-    assert layer.prefix is not None
     s, t = keep.shape[0] * keep.shape[1], keep.shape[-1]
-    width = prefix_width(layer)
+    width = layer.storage.prefix_width()
     keep_s = keep.reshape(s, t)
     order = torch.argsort((~keep_s).to(torch.int8), dim=-1, stable=True)[:, :width]
     picked = per_entry.reshape(s, t).gather(1, order)

@@ -94,3 +94,23 @@ def build_prefix(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -
         tiers.append(Tier(keys_s[rows, cols].contiguous(), values_s[rows, cols].contiguous()))
         previous = level
     return RaggedPrefix(tiers, perm, inv_perm, lengths, identity=len(levels) <= 1)
+
+
+def restore_prefix(
+    keys: torch.Tensor, values: torch.Tensor, perm: torch.Tensor, lengths: torch.Tensor, d: int, identity: bool
+) -> RaggedPrefix:
+    """The prefix whose tiers were saved concatenated as flat ``keys``/``values`` (the layout
+    :func:`build_prefix` makes: one tier per distinct length, longest segments first)."""
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(perm.shape[0], device=perm.device)
+    sorted_lengths = lengths[perm].tolist()
+    tiers, previous, offset = [], 0, 0
+    for level in sorted(set(sorted_lengths)):
+        if level == 0:
+            continue
+        n, width = sum(1 for x in sorted_lengths if x >= level), level - previous
+        size = n * width * d
+        part = slice(offset, offset + size)
+        tiers.append(Tier(keys[part].view(n, width, d), values[part].view(n, width, d)))
+        offset, previous = offset + size, level
+    return RaggedPrefix(tiers, perm, inv_perm, lengths, identity=identity)

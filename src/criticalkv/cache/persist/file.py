@@ -25,18 +25,10 @@ import torch
 from safetensors.torch import load_file
 
 from criticalkv.cache.layer import CompressedLayer
-from criticalkv.cache.layouts import RaggedPrefix, Tier
 from criticalkv.cache.persist.atomic_write import save_atomically
 from criticalkv.cache.persist.fingerprint import model_fingerprint, tokenizer_fingerprint
-from criticalkv.cache.quantized import (
-    KVQuantization,
-    QuantizedLayer,
-    quantized_header,
-    quantized_tensors,
-    restore_prefix,
-    restore_tail,
-    storage_options,
-)
+from criticalkv.cache.quantized import KVQuantization, storage_options
+from criticalkv.cache.storage import Geometry
 from criticalkv.methods import Method, bind, get_method
 
 FORMAT = "criticalkv-cache"
@@ -58,7 +50,7 @@ class _Cache(Protocol):
     budget: Any
     window: int
     real_prompt_tokens: torch.Tensor | None
-    _budget_tokens: torch.Tensor | None
+    budget_tokens: torch.Tensor | None
     quantization: KVQuantization | None
 
     def __init__(self, num_layers: int, method: Method, budget: Any, window: int, **storage: Any) -> None: ...
@@ -83,44 +75,24 @@ def _json_options(method: Method) -> dict[str, Any]:
 
 
 def _layer_tensors(i: int, layer: CompressedLayer) -> dict[str, torch.Tensor]:
-    layer.settle()  # tiers and tail hold the entries (length buckets hold them only while decoding)
-    prefix = layer.prefix
-    if prefix is None or layer.keep is None:
+    if not layer.holds_prompt or layer.keep is None:
         raise ValueError("only a cache that holds a compressed prompt can be saved; prefill it first")
     keep = layer.keep.detach().to("cpu", torch.bool).reshape(-1).numpy()
-    tensors = {
-        f"{i}.keys": torch.cat([t.keys.reshape(-1) for t in prefix.tiers]) if prefix.tiers else _empty(layer),
-        f"{i}.values": torch.cat([t.values.reshape(-1) for t in prefix.tiers]) if prefix.tiers else _empty(layer),
-        f"{i}.perm": prefix.perm,
-        f"{i}.lengths": prefix.lengths,
-        f"{i}.keep": torch.from_numpy(np.packbits(keep)),
-    }
-    if layer.tail_len and layer.tail_keys is not None and layer.tail_values is not None:
-        tensors[f"{i}.tail_keys"] = layer.tail_keys[:, : layer.tail_len]
-        tensors[f"{i}.tail_values"] = layer.tail_values[:, : layer.tail_len]
-    if isinstance(layer, QuantizedLayer):
-        tensors.update({f"{i}.{name}": tensor for name, tensor in quantized_tensors(layer).items()})
-    return tensors
-
-
-def _empty(layer: CompressedLayer) -> torch.Tensor:
-    return torch.empty(0, dtype=layer.dtype, device=layer.device)
+    tensors = {**layer.storage.file_tensors(), "keep": torch.from_numpy(np.packbits(keep))}
+    return {f"{i}.{name}": tensor for name, tensor in tensors.items()}
 
 
 def _layer_header(layer: CompressedLayer) -> dict[str, Any]:
-    assert layer.prefix is not None and layer.keep is not None  # checked by _layer_tensors
+    assert layer.keep is not None  # checked by _layer_tensors
     return {
         "batch_size": layer.batch_size,
         "num_kv_heads": layer.num_kv_heads,
         "head_dim": layer.head_dim,
         "prompt_len": int(layer.keep.shape[-1]),
         "prefix_len": layer.prefix_len,
-        "identity": layer.prefix.identity,
-        "tail_len": layer.tail_len,
-        "tail_capacity": layer.tail_capacity(),
         "tail_may_have_padding": layer.tail_may_have_padding,
         "dtype": str(layer.dtype).removeprefix("torch."),
-        **(quantized_header(layer) if isinstance(layer, QuantizedLayer) else {}),
+        **layer.storage.file_header(),
     }
 
 
@@ -141,11 +113,11 @@ def save_cache(cache: _Cache, path: str | Path, model: Any, tokenizer: Any = Non
     :meth:`~CompressedCache.kv_bytes` (without spare tail capacity) plus a small header.
     """
     layers = cache.compressed_layers
-    if cache.real_prompt_tokens is None or cache._budget_tokens is None:
+    if cache.real_prompt_tokens is None or cache.budget_tokens is None:
         raise ValueError("only a cache that holds a compressed prompt can be saved; prefill it first")
     tensors: dict[str, torch.Tensor] = {
         "real_prompt_tokens": cache.real_prompt_tokens,
-        "budget_tokens": cache._budget_tokens,
+        "budget_tokens": cache.budget_tokens,
     }
     for i, layer in enumerate(layers):
         tensors.update(_layer_tensors(i, layer))
@@ -250,7 +222,7 @@ def load_cache(
     bound, storage = bind(method.with_options(**changed), model), header.get("storage", {})
     cache = cls(header["num_layers"], bound, header["budget"], header["window"], **storage)
     cache.real_prompt_tokens = tensors["real_prompt_tokens"].to(where)
-    cache._budget_tokens = tensors["budget_tokens"].to(where)
+    cache.budget_tokens = tensors["budget_tokens"].to(where)
     for i, (layer, info) in enumerate(zip(cache.compressed_layers, header["layers"], strict=True)):
         _restore_layer(layer, info, {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{i}.")}, where)
     return cache
@@ -259,43 +231,9 @@ def load_cache(
 def _restore_layer(
     layer: CompressedLayer, info: dict[str, Any], t: dict[str, torch.Tensor], where: torch.device
 ) -> None:
-    b, h, d = info["batch_size"], info["num_kv_heads"], info["head_dim"]
-    perm, lengths = t["perm"].to(where), t["lengths"].to(where)
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(perm.shape[0], device=where)
-    sorted_lengths = lengths[perm].tolist()
-    tiers, previous, offset = [], 0, 0
-    keys, values = t["keys"].to(where), t["values"].to(where)
-    for level in [] if isinstance(layer, QuantizedLayer) else sorted(set(sorted_lengths)):
-        if level == 0:
-            continue
-        n, width = sum(1 for x in sorted_lengths if x >= level), level - previous
-        size = n * width * d
-        part = slice(offset, offset + size)
-        tiers.append(Tier(keys[part].view(n, width, d), values[part].view(n, width, d)))
-        offset, previous = offset + size, level
+    b, h = info["batch_size"], info["num_kv_heads"]
+    geometry = Geometry(b, h, info["head_dim"], t["keys"].dtype, where)
+    layer.storage.restore(geometry, info, t)
     keep_bits = np.unpackbits(t["keep"].numpy(), count=b * h * info["prompt_len"]).astype(bool)
-    if isinstance(layer, QuantizedLayer):  # codes, scales and zero points instead of tiers
-        quantized = {k: v.to(where) for k, v in t.items() if k.startswith("q.")}
-        layer.prefix = restore_prefix(
-            quantized, perm, lengths, info["identity"], d, layer.spec.bits, layer.spec.group_size
-        )
-    else:
-        layer.prefix = RaggedPrefix(tiers, perm, inv_perm, lengths, identity=info["identity"])
-    layer.keep = torch.from_numpy(keep_bits).view(b, h, info["prompt_len"]).to(where)
-    layer.batch_size, layer.num_kv_heads, layer.head_dim = b, h, d
-    layer.device, layer.dtype = where, keys.dtype
-    layer.prefix_len, layer.owns_prefix, layer.is_initialized = info["prefix_len"], True, True
-    layer.tail_keys = layer.tail_values = None
-    layer.tail_len, layer.fused = 0, None
-    if isinstance(layer, QuantizedLayer):
-        layer._clear_tail()
-        restore_tail(layer, info, t, where)
-        layer.tail_len = info["tail_len"]
-    elif info["tail_len"]:
-        layer._grow_tail(info["tail_capacity"])
-        assert layer.tail_keys is not None and layer.tail_values is not None
-        layer.tail_keys[:, : info["tail_len"]] = t["tail_keys"].to(where)
-        layer.tail_values[:, : info["tail_len"]] = t["tail_values"].to(where)
-        layer.tail_len = info["tail_len"]
-    layer.tail_may_have_padding = info["tail_may_have_padding"]
+    keep = torch.from_numpy(keep_bits).view(b, h, info["prompt_len"]).to(where)
+    layer.restore_shape(geometry, keep, info["prefix_len"], info["tail_may_have_padding"])

@@ -4,10 +4,6 @@ quantized prefix (:mod:`.prefix`, :mod:`.pool`), its decode plan and attention (
 :mod:`.attention`, the C kernel in :mod:`.kernels`), the layer (:mod:`.layer`) and the tensors
 it saves (:mod:`.persist`)."""
 
-from criticalkv.cache.quantized.blocks import empty_blocks
-from criticalkv.cache.quantized.layer import QuantizedLayer, make_layer
-from criticalkv.cache.quantized.persist import quantized_header, quantized_tensors, restore_prefix, restore_tail
-from criticalkv.cache.quantized.prefix import QuantizedPrefix
 from criticalkv.cache.quantized.spec import (
     DEFAULT_GROUP_SIZES,
     DEFAULT_RESIDUAL,
@@ -18,22 +14,16 @@ from criticalkv.cache.quantized.spec import (
     quantization_for,
     storage_options,
 )
+from criticalkv.cache.quantized.storage import QuantizedStorage
 
 __all__ = [
     "DEFAULT_GROUP_SIZES",
     "DEFAULT_RESIDUAL",
     "KVQuantization",
-    "QuantizedLayer",
-    "QuantizedPrefix",
+    "QuantizedStorage",
     "bits_per_element",
     "check_quantized_decode",
     "default_group_size",
-    "empty_blocks",
-    "make_layer",
     "quantization_for",
-    "quantized_header",
-    "quantized_tensors",
-    "restore_prefix",
-    "restore_tail",
     "storage_options",
 ]

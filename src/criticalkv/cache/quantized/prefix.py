@@ -15,21 +15,27 @@ from dataclasses import dataclass, field
 
 import torch
 
-from criticalkv.cache.layouts import RaggedPrefix, segment_order
+from criticalkv.cache.layouts import segment_order
 from criticalkv.cache.quantized.blocks import QuantizedBlocks, quantize_blocks
 from criticalkv.cache.quantized.partial import PartialBlocks, quantize_partial
 from criticalkv.cache.quantized.pool import PrefixPool, pool
 
 
 @dataclass
-class QuantizedPrefix(RaggedPrefix):
-    """A :class:`RaggedPrefix` whose entries live in ``blocks`` and ``partial`` (its ``tiers`` are empty).
+class QuantizedPrefix:
+    """Kept entries of every segment of one layer, quantized.
 
+    ``perm[i]`` is the segment (``b * H_kv + h``) at sorted position ``i``; ``lengths`` are per
+    segment in the original order (as for :class:`~criticalkv.cache.layouts.RaggedPrefix`).
     ``block_starts[j]`` is the first block index of ``blocks[j]`` within a segment; ``partial``
     holds each segment's last ``L mod G`` entries (``None``: every segment holds whole blocks).
     After :meth:`decode_pool`, both are views of ``pool`` (the same bytes, one tensor per field).
     """
 
+    perm: torch.Tensor  # (S,) int64
+    inv_perm: torch.Tensor  # (S,) int64
+    lengths: torch.Tensor  # (S,) int64
+    identity: bool = False  # ``perm`` is the identity (equal lengths): no reordering needed
     blocks: list[QuantizedBlocks] = field(default_factory=list)
     block_starts: list[int] = field(default_factory=list)
     partial: PartialBlocks | None = None
@@ -89,8 +95,9 @@ class QuantizedPrefix(RaggedPrefix):
             keys, values = keys[self.inv_perm], values[self.inv_perm]
         return keys, values
 
-    def segment(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError("a quantized prefix cannot be read back per segment in full precision")
+    @property
+    def num_entries(self) -> int:
+        return int(self.lengths.sum())
 
 
 def build_quantized_prefix(
@@ -130,5 +137,5 @@ def build_quantized_prefix(
         partial = quantize_partial(k, v, valid, rows_p, bits, group)
     levels = torch.unique(lengths)
     return QuantizedPrefix(
-        [], perm, inv_perm, lengths, identity=len(levels) <= 1, blocks=tiers, block_starts=starts, partial=partial
+        perm, inv_perm, lengths, identity=len(levels) <= 1, blocks=tiers, block_starts=starts, partial=partial
     )

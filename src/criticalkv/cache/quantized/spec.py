@@ -148,8 +148,8 @@ def bits_per_element(cache: Any) -> float | None:
     and spare tail capacity included; ``None`` if it holds nothing."""
     entries, bytes_ = 0, 0
     for layer in cache.compressed_layers:
-        if layer.prefix is None:
+        if not layer.holds_prompt:
             continue
-        entries += (layer.prefix.num_entries + layer.batch_size * layer.num_kv_heads * layer.tail_len) * layer.head_dim
+        entries += int(layer.kept_per_head().sum()) * layer.head_dim
         bytes_ += layer.nbytes()
     return 8.0 * bytes_ / (2 * entries) if entries else None

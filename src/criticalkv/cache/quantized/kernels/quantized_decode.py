@@ -5,7 +5,7 @@ segment by segment at each segment's own length (no tile padding: the ragged hea
 DefensiveKV cost what their entries cost), dequantizing codes on the fly in one pass. The prefix
 is read through a :class:`BlockList`: every stored block of every sorted segment as (first pool
 entry row, pool block row, entries), built once per prefix. Inputs must be CPU float32; the
-caller (:class:`~criticalkv.cache.quantized.layer.QuantizedLayer`) keeps the torch kernel for
+caller (:class:`~criticalkv.cache.quantized.storage.QuantizedStorage`) keeps the torch kernel for
 anything else.
 """
 
