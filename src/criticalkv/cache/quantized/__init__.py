@@ -1,4 +1,4 @@
-"""Quantized storage of kept entries (``kv_bits`` 8 or 4, KIVI-style groups): the spec
+"""Quantized storage of kept entries: ``kv_bits`` 8 or 4 in KIVI-style groups, with the spec
 (:mod:`.spec`), the codec (:mod:`.codec`), blocks of codes (:mod:`.blocks`, :mod:`.partial`), the
 quantized prefix (:mod:`.prefix`, :mod:`.pool`), its decode plan and attention (:mod:`.plan`,
 :mod:`.attention`, the C kernel in :mod:`.kernels`), the layer (:mod:`.layer`) and the tensors

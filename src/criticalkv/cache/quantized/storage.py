@@ -105,8 +105,9 @@ class QuantizedStorage(Storage):
             keys, values = keys[prefix.perm], values[prefix.perm]
         need = self.residual_len + q
         capacity = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
-        if need > capacity:  # it never holds more than residual + G - 1 + q: little spare room needed
-            self._grow_residual(need + self.spec.group_size)
+        if need > capacity:  # it never holds more than residual + G - 1 + q, nor more than the tail's room
+            grown = need + self.spec.group_size
+            self._grow_residual(grown if self.tail_room is None else max(need, min(grown, self.tail_room)))
         assert self.residual_keys is not None and self.residual_values is not None
         self.residual_keys[:, self.residual_len : need] = keys
         self.residual_values[:, self.residual_len : need] = values
@@ -140,7 +141,7 @@ class QuantizedStorage(Storage):
         capacity = 0 if self.tail_blocks is None else self.tail_blocks.num_blocks
         if need > capacity:
             grown = empty_blocks(
-                geometry.segments, _block_capacity(need), geometry.head_dim, self.spec.bits, g, geometry.device
+                geometry.segments, self._blocks_for(need), geometry.head_dim, self.spec.bits, g, geometry.device
             )
             if self.tail_blocks is not None and self.tail_used:
                 write_blocks(grown, 0, _first_blocks(self.tail_blocks, self.tail_used))
@@ -152,6 +153,11 @@ class QuantizedStorage(Storage):
         self.residual_keys[:, :rest] = self.residual_keys[:, n : self.residual_len].clone()
         self.residual_values[:, :rest] = self.residual_values[:, n : self.residual_len].clone()
         self.residual_len = rest
+
+    def _blocks_for(self, need: int) -> int:
+        """Tail blocks to allocate when ``need`` must fit: geometric, capped by the tail's room."""
+        grown = _block_capacity(need)
+        return grown if self.tail_room is None else max(need, min(grown, -(-self.tail_room // self.spec.group_size)))
 
     def dense_tail(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The quantized blocks dequantized, then the exact residual."""
