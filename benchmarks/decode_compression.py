@@ -28,7 +28,7 @@ import torch
 
 from criticalkv import CompressedCache, attach, load_model
 from criticalkv.compat import cache_argument
-from criticalkv.haystack import essay_sentences
+from criticalkv.headscores.haystack import essay_sentences
 from criticalkv.plotting import pyplot
 
 
