@@ -1,4 +1,4 @@
-"""Headless plotting: :mod:`matplotlib.pyplot` on the ``Agg`` backend (no display needed)."""
+"""Headless plotting for the experiments' figures: :mod:`matplotlib.pyplot` on the ``Agg`` backend."""
 
 from __future__ import annotations
 
