@@ -10,7 +10,8 @@ STAMP := $(VENV)/.criticalkv-installed
 .PHONY: install test lint demo clean reproduce test-kvpress
 
 # kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
-# with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too
+# with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too,
+# and the [plots] extra (matplotlib) for the bench's figure (tests/test_bench.py draws it)
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_PY := $(KVPRESS_VENV)/bin/python
 KVPRESS_STAMP := $(KVPRESS_VENV)/.criticalkv-installed
@@ -30,7 +31,7 @@ $(KVPRESS_STAMP): pyproject.toml
 	test -x $(KVPRESS_PY) || $(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_PY) -m pip install --quiet --upgrade pip
 	$(KVPRESS_PY) -c "import torch" 2>/dev/null || $(KVPRESS_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(KVPRESS_PY) -m pip install --quiet -e ".[bench,quant]" "pytest>=8" "hypothesis>=6.100"
+	$(KVPRESS_PY) -m pip install --quiet -e ".[bench,quant,plots]" "pytest>=8" "hypothesis>=6.100"
 	touch $(KVPRESS_STAMP)
 
 # the tests that skip without kvpress, where it imports (an import failure fails the target)
@@ -46,6 +47,7 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q
 
+# the demo's plot needs matplotlib: the [dev] extra that $(STAMP) installs holds [plots]'s
 demo: $(STAMP)
 	$(VENV)/bin/criticalkv demo --out demo-out
 

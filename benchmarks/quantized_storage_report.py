@@ -27,7 +27,7 @@ from statistics import mean
 from typing import Any
 
 from criticalkv.eval.bootstrap import by_config, paired_difference
-from criticalkv.plotting import pyplot
+from criticalkv.eval.plotting import pyplot
 
 
 def load(path: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from criticalkv.haystack import essay_words, needle_question, needle_sentence
+from criticalkv.headscores.haystack import essay_words, needle_question, needle_sentence
 
 QUESTION_KEY = "document {i}"
 

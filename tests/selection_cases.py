@@ -12,7 +12,7 @@ import criticalkv as ckv
 from criticalkv.budgets import HeadPrior, Pyramid
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.layouts import build_prefix
-from criticalkv.scores.queries import ALL_QUERIES
+from criticalkv.needs import ALL_QUERIES
 from criticalkv.state import LayerState
 from tests.random_state import random_state, to_device, with_all_queries, with_reconstruction
 from tests.synthetic_scores import bind_synthetic

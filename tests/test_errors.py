@@ -117,6 +117,17 @@ def test_unknown_method_lists_the_registered_names() -> None:
         ckv.get_method(None)  # type: ignore[arg-type]
 
 
+def test_register_takes_a_method_under_its_own_name() -> None:
+    snapkv = ckv.get_method("snapkv")
+    before = ckv.available_methods()
+    ckv.register(snapkv)  # the same method again: it replaces itself, in its place
+    assert ckv.available_methods() == before and ckv.get_method("snapkv") == snapkv
+    with pytest.raises(TypeError, match="needs a criticalkv Method, not 'snapkv'"):
+        ckv.register("snapkv")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a method name must be a non-empty string"):
+        ckv.register(ckv.Method("", "nothing", "-", None))
+
+
 @pytest.mark.parametrize("window", [0, -3, True, 2.5, "8"])
 def test_bad_window(window: object) -> None:
     with pytest.raises(ValueError, match="window must be a positive integer"):

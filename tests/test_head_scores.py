@@ -27,7 +27,7 @@ from criticalkv.headscores.compute import (
     head_scores_of,
 )
 from criticalkv.headscores.needles import make_retrieval_sample
-from criticalkv.methods import bind_head_scores
+from criticalkv.methods import bind
 from criticalkv.prompts import positions
 from tests.conftest import make_tiny, padded_batch
 from tests.random_state import one_thread
@@ -239,12 +239,12 @@ def test_from_states_binds_the_states_model_and_matches_inflight() -> None:
 
 def test_bind_leaves_other_methods_alone(tiny_scores: HeadScores) -> None:
     snapkv = ckv.get_method("snapkv")
-    assert bind_head_scores(snapkv, tiny_llama(), tiny_scores) is snapkv
-    bound = bind_head_scores(ckv.get_method("headkv"), tiny_llama(), tiny_scores)
+    assert bind(snapkv, tiny_llama(), tiny_scores) is snapkv
+    bound = bind(ckv.get_method("headkv"), tiny_llama(), tiny_scores)
     assert bound.budgets.scores == tiny_scores.scores[RETRIEVAL_REASONING]  # type: ignore[attr-defined]
-    assert bind_head_scores(bound, tiny_llama()) is bound  # already bound
+    assert bind(bound, tiny_llama()) is bound  # already bound
     with pytest.raises(ValueError, match="no model to look them up"):
-        bind_head_scores(ckv.get_method("headkv"))
+        bind(ckv.get_method("headkv"))
 
 
 def test_the_shipped_default_model_scores() -> None:

@@ -105,6 +105,65 @@ def _relative(base: np.ndarray, variant: np.ndarray) -> np.ndarray:
         return np.where(base > 0, 1.0 - variant / np.where(base > 0, base, 1.0), np.nan)
 
 
+_Key = tuple[str, str]  # (method, str(budget))
+_Rows = Mapping[int, Mapping[str, Any]]  # sample -> result row
+
+
+def _index_rows(
+    rows: Iterable[Mapping[str, Any]],
+) -> tuple[dict[_Key, dict[int, Mapping[str, Any]]], dict[str, Any], dict[_Key, _Key]]:
+    """Rows by (method, budget) and sample, each budget's value by its text, and each base's partner."""
+    by_key: dict[_Key, dict[int, Mapping[str, Any]]] = defaultdict(dict)
+    budgets: dict[str, Any] = {}
+    partner: dict[_Key, _Key] = {}
+    for row in rows:
+        key = (str(row["method"]), str(row["budget"]))
+        by_key[key][int(row["sample"])] = row
+        budgets[key[1]] = row["budget"]
+        if row.get("base"):
+            base_key = (str(row["base"]), key[1])
+            partner[key], partner[base_key] = base_key, key
+    return by_key, budgets, partner
+
+
+def _pair(base: GroupStats, variant: GroupStats, base_rows: _Rows, variant_rows: _Rows) -> PairStats:
+    """``variant`` against ``base`` on the samples both have."""
+    common = sorted(set(variant.samples) & set(base.samples))
+    reduction, improved, per_sample, mean_red, median_red, overall, layer_improved = {}, {}, {}, {}, {}, {}, {}
+    for q in QUERY_SETS:
+        name = f"perturbation_{q}"
+        b, v = base.heads[name], variant.heads[name]
+        reduction[q] = _relative(b, v)
+        improved[q] = float(np.mean(v < b))
+        layer_improved[q] = np.mean(v < b, axis=1)
+        finite = np.isfinite(reduction[q]).any()
+        mean_red[q] = float(np.nanmean(reduction[q])) if finite else float("nan")
+        median_red[q] = float(np.nanmedian(reduction[q])) if finite else float("nan")
+        overall[q] = float(1.0 - v.sum() / b.sum()) if b.sum() > 0 else float("nan")
+        b_rows = np.stack([np.asarray(base_rows[s][name]) for s in common])
+        v_rows = np.stack([np.asarray(variant_rows[s][name]) for s in common])
+        per_sample[q] = float(np.mean(v_rows < b_rows))
+    match = all(np.array_equal(base.kept[s], variant.kept[s]) for s in common)
+    return PairStats(
+        base=base,
+        variant=variant,
+        reduction=reduction,
+        improved=improved,
+        improved_per_sample=per_sample,
+        mean_reduction=mean_red,
+        median_reduction=median_red,
+        overall_reduction=overall,
+        layer_improved=layer_improved,
+        budgets_match=match,
+    )
+
+
+def _group_order(g: GroupStats) -> tuple[Any, ...]:
+    """Sort key of groups: by family, budgets ascending, the base before its variant."""
+    family = g.base or g.method
+    return (family, budget_order(g.budget), g.base is not None)
+
+
 def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[list[GroupStats], list[PairStats]]:
     """Average result rows over samples, and compare each Critical variant with its base.
 
@@ -116,17 +175,8 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[list[GroupStats], list
     groups : one :class:`GroupStats` per (method, budget), bases before variants, budgets ascending.
     pairs : one :class:`PairStats` per (base, budget).
     """
-    by_key: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = defaultdict(dict)
-    budgets: dict[str, Any] = {}
-    partner: dict[tuple[str, str], tuple[str, str]] = {}
-    for row in rows:
-        key = (str(row["method"]), str(row["budget"]))
-        by_key[key][int(row["sample"])] = row
-        budgets[key[1]] = row["budget"]
-        if row.get("base"):
-            base_key = (str(row["base"]), key[1])
-            partner[key], partner[base_key] = base_key, key
-    groups: dict[tuple[str, str], GroupStats] = {}
+    by_key, budgets, partner = _index_rows(rows)
+    groups: dict[_Key, GroupStats] = {}
     for key, items in by_key.items():
         other = partner.get(key)
         samples = sorted(items)
@@ -142,41 +192,7 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[list[GroupStats], list
         base_key = (variant.base, key[1])
         if base_key not in groups or not set(variant.samples) & set(groups[base_key].samples):
             continue
-        base = groups[base_key]
-        common = sorted(set(variant.samples) & set(base.samples))
-        reduction, improved, per_sample, mean_red, median_red, overall, layer_improved = {}, {}, {}, {}, {}, {}, {}
-        for q in QUERY_SETS:
-            name = f"perturbation_{q}"
-            b, v = base.heads[name], variant.heads[name]
-            reduction[q] = _relative(b, v)
-            improved[q] = float(np.mean(v < b))
-            layer_improved[q] = np.mean(v < b, axis=1)
-            finite = np.isfinite(reduction[q]).any()
-            mean_red[q] = float(np.nanmean(reduction[q])) if finite else float("nan")
-            median_red[q] = float(np.nanmedian(reduction[q])) if finite else float("nan")
-            overall[q] = float(1.0 - v.sum() / b.sum()) if b.sum() > 0 else float("nan")
-            b_rows = np.stack([np.asarray(by_key[base_key][s][name]) for s in common])
-            v_rows = np.stack([np.asarray(by_key[key][s][name]) for s in common])
-            per_sample[q] = float(np.mean(v_rows < b_rows))
-        match = all(np.array_equal(base.kept[s], variant.kept[s]) for s in common)
-        pairs.append(
-            PairStats(
-                base=base,
-                variant=variant,
-                reduction=reduction,
-                improved=improved,
-                improved_per_sample=per_sample,
-                mean_reduction=mean_red,
-                median_reduction=median_red,
-                overall_reduction=overall,
-                layer_improved=layer_improved,
-                budgets_match=match,
-            )
-        )
-
-    def order(g: GroupStats) -> tuple[Any, ...]:
-        family = g.base or g.method
-        return (family, budget_order(g.budget), g.base is not None)
+        pairs.append(_pair(groups[base_key], variant, by_key[base_key], by_key[key]))
 
     pairs.sort(key=lambda p: (p.base.method, budget_order(p.budget)))
-    return sorted(groups.values(), key=order), pairs
+    return sorted(groups.values(), key=_group_order), pairs

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from criticalkv.analysis.aggregate import GroupStats, PairStats, budget_order
-from criticalkv.plotting import pyplot
+from criticalkv.eval.plotting import pyplot
 
 
 def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: str) -> Path:

@@ -78,10 +78,8 @@ def _weak_layers(layer_improved: np.ndarray) -> str:
     return ", ".join(weak) if weak else "none"
 
 
-def summary_text(
-    groups: Sequence[GroupStats], pairs: Sequence[PairStats], config: dict[str, Any], command: str | None
-) -> str:
-    """The Markdown summary: fractions of heads improved, reductions, drift, checks, command."""
+def _intro_lines(groups: Sequence[GroupStats], config: dict[str, Any], command: str | None) -> list[str]:
+    """The title, the measurement's description and the command."""
     spec = config.get("spec", {})
     samples = sorted({s for g in groups for s in g.samples})
     layers, heads = groups[0].shape if groups else (0, 0)
@@ -97,7 +95,12 @@ def summary_text(
     ]
     if command:
         lines += ["Command:", "", "```bash", command, "```", ""]
-    lines += [
+    return lines
+
+
+def _reduction_lines(pairs: Sequence[PairStats]) -> list[str]:
+    """The table of heads whose perturbation each Critical variant lowers."""
+    lines = [
         "## Heads whose perturbation the Critical variant lowers",
         "",
         "Share of heads whose sample-mean `L` is lower with the Critical variant (and of (sample, head) "
@@ -114,7 +117,12 @@ def summary_text(
             cells += [_pct(p.mean_reduction[q]), _pct(p.median_reduction[q]), _pct(p.overall_reduction[q])]
             cells.append(_weak_layers(p.layer_improved[q]))
             lines.append("| " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _perturbation_lines(groups: Sequence[GroupStats]) -> list[str]:
+    """The table of mean perturbation and bound per (method, budget)."""
+    lines = [
         "",
         "## Mean perturbation and bound (over heads and samples)",
         "",
@@ -128,8 +136,13 @@ def summary_text(
             f"| {_fmt(h['sigma_window'])} | {_fmt(h['sigma_decode'])} | {_fmt(h['theta_window'])} "
             f"| {_fmt(h['theta_decode'])} |"
         )
+    return lines
+
+
+def _drift_lines(groups: Sequence[GroupStats], pairs: Sequence[PairStats]) -> list[str]:
+    """The table of final-layer hidden-state drift, each Critical variant against its base."""
     drift_base = {(p.variant.method, str(p.budget)): p.base.drift for p in pairs}
-    lines += [
+    lines = [
         "",
         "## Final-layer hidden-state drift over the answer tokens (compressed vs full cache)",
         "",
@@ -143,11 +156,16 @@ def summary_text(
             f"| {g.method} | {g.budget} | {_fmt(g.drift['hidden_l1'])} | {_fmt(g.drift['hidden_l1_relative'])} "
             f"| {g.drift['hidden_cosine']:.6f} | {versus} |"
         )
+    return lines
+
+
+def _check_lines(groups: Sequence[GroupStats], pairs: Sequence[PairStats]) -> list[str]:
+    """The checks: the bound held, `sigma > 1/2` shares, per-head budgets equal to the base's."""
     measured = sum(g.counts["measured"] for g in groups)
     violations = sum(g.counts["bound_violations"] for g in groups)
     above_half = sum(g.counts["sigma_above_half"] for g in groups)
     mismatched = [f"{p.base.method} @ {p.budget}" for p in pairs if not p.budgets_match]
-    lines += [
+    lines = [
         "",
         "## Checks",
         "",
@@ -161,6 +179,18 @@ def summary_text(
         if g.counts["measured"]:
             share = g.counts["sigma_above_half"] / g.counts["measured"]
             lines.append(f"  - `sigma > 1/2`: {g.method} @ {g.budget}: {_pct(share)}")
+    return lines
+
+
+def summary_text(
+    groups: Sequence[GroupStats], pairs: Sequence[PairStats], config: dict[str, Any], command: str | None
+) -> str:
+    """The Markdown summary: fractions of heads improved, reductions, drift, checks, command."""
+    lines = _intro_lines(groups, config, command)
+    lines += _reduction_lines(pairs)
+    lines += _perturbation_lines(groups)
+    lines += _drift_lines(groups, pairs)
+    lines += _check_lines(groups, pairs)
     provenance = config.get("provenance", {})
     if provenance:
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in provenance.items() if v) + "."]

@@ -54,10 +54,6 @@ def import_kvpress() -> Any:
     return kvpress
 
 
-def kvpress_supports(method: str) -> bool:
-    return method in KVPRESS_METHODS
-
-
 def timed_compress(compress: Callable[..., Any], total: list[float], device: torch.device) -> Callable[..., Any]:
     @functools.wraps(compress)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

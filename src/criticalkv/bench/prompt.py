@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.haystack import essay_words
+from criticalkv.headscores.haystack import essay_words
 
 
 def bench_prompts(tokenizer: Any, length: int, batch_size: int) -> torch.Tensor:

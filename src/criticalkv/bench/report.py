@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.plan import kvpress_counterpart
-from criticalkv.plotting import pyplot
+from criticalkv.eval.plotting import pyplot
 
 MB = 1e6
 #: the uniform layout that ``decode_vs_uniform`` compares every other method with, at equal bytes

@@ -72,8 +72,8 @@ class HeadPrior(HeadScoredAllocator):
     Parameters
     ----------
     scores : (layers, KV heads) importances, e.g. from :mod:`criticalkv.headscores`; ``None``
-        leaves the allocator unbound (the cache binds the model's scores, see
-        :func:`criticalkv.headscores.bind_head_scores`).
+        leaves the allocator unbound (:func:`criticalkv.methods.bind` binds a model's scores
+        before a cache exists).
     beta : a finite number >= 1 (HeadKV's default 1.5). ``1`` shares the whole budget by the
         scores (a head with score 0 keeps only its window); larger values give every head more
         of a uniform base ``b' - b'/beta`` and approach uniform budgets.

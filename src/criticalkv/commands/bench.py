@@ -72,11 +72,13 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.bench.kvpress_impl import import_kvpress
     from criticalkv.bench.report import format_table, plot
     from criticalkv.bench.runner import load_records, run_bench
+    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
 
     config = _config(args)
     if args.out is not None:
         output_folder(args.out, "--out")
+        require_matplotlib()  # for bench.png, before anything is measured
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     try:
         config.check_model(model)  # e.g. a group size that does not divide the head dimension

@@ -25,11 +25,13 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.demo import DEMO_METHODS, run_demo, write_outputs
+    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
 
     if args.samples < 1:
         raise UsageError("--samples must be at least 1")
     output_folder(args.out, "--out")
+    require_matplotlib()  # for demo.png, before the model loads
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     started = time.perf_counter()
     rows = run_demo(

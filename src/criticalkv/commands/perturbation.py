@@ -62,7 +62,9 @@ def _command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from criticalkv.analysis.report import write_report
     from criticalkv.analysis.runner import RunSpec, check_budgets, comparison_configs, run_perturbation
+    from criticalkv.eval.plotting import require_matplotlib
 
+    require_matplotlib()  # for the heatmaps and curves, before anything is measured
     if args.report_only:
         report = write_report(args.out)
         print(report.text)

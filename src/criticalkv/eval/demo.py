@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
-from criticalkv.plotting import pyplot
+from criticalkv.eval.plotting import pyplot
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime import check_positions, continue_generation, decode_answers, eos_ids, input_device, prefill
 

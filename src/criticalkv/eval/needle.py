@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from criticalkv.datafiles import word_list
-from criticalkv.haystack import needle_in_noise, needle_question, needle_sentence
+from criticalkv.headscores.haystack import needle_in_noise, needle_question, needle_sentence
 
 #: the keys a needle is named by (``data/words/needle_keys.txt``)
 _KEYS = word_list("needle_keys")

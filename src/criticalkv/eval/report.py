@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, describe_difference, paired_differences
+from criticalkv.eval.plotting import pyplot
 from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
 from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
-from criticalkv.plotting import pyplot
 
 logger = logging.getLogger(__name__)
 

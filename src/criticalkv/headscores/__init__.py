@@ -1,7 +1,8 @@
 """Head importance scores for HeadKV's head-prior budgets (Fu et al. 2024, arXiv 2410.19258).
 
 * :mod:`~criticalkv.headscores.compute` runs the scoring procedure on needle-retrieval samples
-  (:mod:`~criticalkv.headscores.needles`); ``criticalkv head-scores`` is its command.
+  (:mod:`~criticalkv.headscores.needles`, in haystacks of :mod:`~criticalkv.headscores.haystack`,
+  which the eval tasks and the bench prompts share); ``criticalkv head-scores`` is its command.
 * :mod:`~criticalkv.headscores.file` reads, checks and writes score files with provenance.
 * :mod:`~criticalkv.headscores.binding` finds a model's scores; :func:`criticalkv.methods.bind`
   binds them to a method.

@@ -168,22 +168,8 @@ def compute_head_scores(
     config = model.config
     arch = architecture(config)
     layers, heads, kv_heads = arch["num_hidden_layers"], arch["num_attention_heads"], arch["num_key_value_heads"]
-    totals = {v: torch.zeros(layers, heads, dtype=torch.float64) for v in VARIANTS}
-    records: list[dict[str, Any]] = []
     started = time.perf_counter()
-    grid = params.grid()
-    for length, depth, seed in tqdm(grid, desc="head scores", unit="sample", disable=not progress):
-        sample = make_retrieval_sample(tokenizer, length, depth, seed, chat=params.chat)
-        scores, accuracy = score_sample(model, sample.input_ids, sample.prompt_len, sample.needle)
-        used = accuracy >= params.min_accuracy
-        if used:
-            for variant in VARIANTS:
-                totals[variant] += scores[variant]
-        records.append(
-            {"length": length, "depth": round(depth, 4), "seed": seed, "tokens": len(sample.input_ids) - 1}
-            | {"accuracy": round(accuracy, 4), "used": used}
-        )
-        logger.info("sample of %d tokens, depth %.2f: accuracy %.2f, used: %s", length, depth, accuracy, used)
+    totals, records = _score_grid(model, tokenizer, params, (layers, heads), progress)
     count = sum(r["used"] for r in records)
     if count == 0:
         best = max(r["accuracy"] for r in records)
@@ -195,29 +181,61 @@ def compute_head_scores(
     query_scores = {v: totals[v] / count for v in VARIANTS}
     kv_scores = {v: s.view(layers, kv_heads, heads // kv_heads).mean(-1) for v, s in query_scores.items()}
     elapsed = time.perf_counter() - started
-    import transformers
-
-    from criticalkv import __version__
-
     return HeadScores(
         model=model_name or name_of(config),
         architecture=arch,
         scores={v: _rows(s) for v, s in kv_scores.items()},
         default_variant=RETRIEVAL_REASONING,
         query_head_scores={v: _rows(s) for v, s in query_scores.items()},
-        procedure={
-            "name": "needle-retrieval head scoring (criticalkv.headscores.compute)",
-            "references": REFERENCES,
-            "parameters": asdict(params) | {"depth_values": [round(d, 4) for d in params.depth_values()]},
-            "needle": "One of the special magic numbers for {key} is: {7-digit number}.",
-            "haystack": "RULER noise sentences",
-            "answer_prefix": "The special magic number for {key} is ",
-            "aggregation": "mean over counted samples and answer tokens; KV head = mean over its query heads",
-        },
+        procedure=_procedure(params),
         samples={"total": len(records), "used": count, "elapsed_s": round(elapsed, 1), "runs": records},
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        versions={"criticalkv": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+        versions=_versions(),
     )
+
+
+def _score_grid(
+    model: Any, tokenizer: Any, params: ScoringParameters, shape: tuple[int, int], progress: bool
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Score every sample of ``params.grid()``: per-variant (L, H_q) sums over the counted samples,
+    and one record per sample (its length, depth, seed, tokens, accuracy, whether it counted)."""
+    totals = {v: torch.zeros(*shape, dtype=torch.float64) for v in VARIANTS}
+    records: list[dict[str, Any]] = []
+    for length, depth, seed in tqdm(params.grid(), desc="head scores", unit="sample", disable=not progress):
+        sample = make_retrieval_sample(tokenizer, length, depth, seed, chat=params.chat)
+        scores, accuracy = score_sample(model, sample.input_ids, sample.prompt_len, sample.needle)
+        used = accuracy >= params.min_accuracy
+        if used:
+            for variant in VARIANTS:
+                totals[variant] += scores[variant]
+        records.append(
+            {"length": length, "depth": round(depth, 4), "seed": seed, "tokens": len(sample.input_ids) - 1}
+            | {"accuracy": round(accuracy, 4), "used": used}
+        )
+        logger.info("sample of %d tokens, depth %.2f: accuracy %.2f, used: %s", length, depth, accuracy, used)
+    return totals, records
+
+
+def _procedure(params: ScoringParameters) -> dict[str, Any]:
+    """The scoring procedure as recorded in the scores file."""
+    return {
+        "name": "needle-retrieval head scoring (criticalkv.headscores.compute)",
+        "references": REFERENCES,
+        "parameters": asdict(params) | {"depth_values": [round(d, 4) for d in params.depth_values()]},
+        "needle": "One of the special magic numbers for {key} is: {7-digit number}.",
+        "haystack": "RULER noise sentences",
+        "answer_prefix": "The special magic number for {key} is ",
+        "aggregation": "mean over counted samples and answer tokens; KV head = mean over its query heads",
+    }
+
+
+def _versions() -> dict[str, str]:
+    """The versions of criticalkv, torch and transformers that computed the scores."""
+    import transformers
+
+    from criticalkv import __version__
+
+    return {"criticalkv": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _rows(matrix: torch.Tensor) -> tuple[tuple[float, ...], ...]:

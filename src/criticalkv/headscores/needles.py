@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from criticalkv.datafiles import word_list
-from criticalkv.haystack import needle_in_noise, needle_question, needle_sentence
+from criticalkv.headscores.haystack import needle_in_noise, needle_question, needle_sentence
 from criticalkv.prompts import split_prompt
 
 #: the two halves of a needle's ``adjective-noun`` key (``data/words/scoring_*.txt``)

@@ -8,7 +8,4 @@ from criticalkv.methods.binding import HeadScoresArg, bind
 from criticalkv.methods.method import Method
 from criticalkv.methods.registry import available_methods, get_method, register
 
-#: the name earlier releases used for :func:`bind`
-bind_head_scores = bind
-
-__all__ = ["HeadScoresArg", "Method", "available_methods", "bind", "bind_head_scores", "get_method", "register"]
+__all__ = ["HeadScoresArg", "Method", "available_methods", "bind", "get_method", "register"]

@@ -39,117 +39,100 @@ _EXPECTED = "Devoto et al. 2025, Expected Attention (arXiv 2510.00636; kvpress)"
 _KVZIP = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction (arXiv 2505.23416)"
 _DEFENSIVEKV = "Feng et al. 2025, DefensiveKV: Taming the Fragility of KV Cache Eviction (arXiv 2510.13334)"
 
+register(Method("full", "No compression: every entry is kept (the reference).", "-", None))
+register(Method("snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()))
 register(
-    "full",
-    lambda: Method("full", "No compression: every entry is kept (the reference).", "-", None),
-)
-register(
-    "snapkv",
-    lambda: Method("snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()),
-)
-register(
-    "adakv",
-    lambda: Method(
+    Method(
         "adakv",
         "Window attention, adaptive cross-head budgets (safeguard 0.2), top-k per head.",
         _ADAKV,
         WindowAttention(),
         budgets=Adaptive(),
-    ),
+    )
 )
 register(
-    "critical-snapkv",
-    lambda: Method(
+    Method(
         "critical-snapkv",
         "SnapKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         _CRITICAL,
         WindowAttention(),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "critical-adakv",
-    lambda: Method(
+    Method(
         "critical-adakv",
         "AdaKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         _CRITICAL,
         WindowAttention(),
         budgets=Adaptive(),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "pyramidkv",
-    lambda: Method(
+    Method(
         "pyramidkv",
         "Window attention, layer budgets decreasing linearly with depth (beta 20), top-k per head.",
         _PYRAMIDKV,
         WindowAttention(),
         budgets=Pyramid(),
-    ),
+    )
 )
 register(
-    "critical-pyramidkv",
-    lambda: Method(
+    Method(
         "critical-pyramidkv",
         "PyramidKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         _CRITICAL,
         WindowAttention(),
         budgets=Pyramid(),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "headkv",
-    lambda: Method(
+    Method(
         "headkv",
         "Window attention, per-head budgets from retrieval-reasoning head scores (beta 1.5), top-k per head.",
         _HEADKV,
         WindowAttention(),
         budgets=HeadPrior(),
-    ),
+    )
 )
 register(
-    "critical-headkv",
-    lambda: Method(
+    Method(
         "critical-headkv",
         "HeadKV scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         _CRITICAL,
         WindowAttention(),
         budgets=HeadPrior(),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "streamingllm",
-    lambda: Method(
+    Method(
         "streamingllm",
         "Attention sinks (the first 4 tokens) plus the most recent tokens, uniform budgets.",
         _STREAMINGLLM,
         SinksAndRecent(),
-    ),
+    )
 )
 register(
-    "h2o",
-    lambda: Method(
+    Method(
         "h2o",
         "Attention accumulated over all prompt queries (heavy hitters) plus the window, uniform budgets.",
         _H2O,
         AccumulatedAttention(),
-    ),
+    )
 )
 register(
-    "knorm",
-    lambda: Method(
+    Method(
         "knorm",
         "Keeps the keys with the lowest L2 norm (score -||k||), uniform budgets.",
         _KNORM,
         KeyNorm(),
-    ),
+    )
 )
 register(
-    "defensivekv",
-    lambda: Method(
+    Method(
         "defensivekv",
         "Defensive aggregation (window max, floored at the head mean); adaptive stage 1 (90% of the attention "
         "mass), then attention x head-normalised ||V W_O||_1; budgets pooled over the layer's heads.",
@@ -157,86 +140,78 @@ register(
         DefensiveAggregation(),
         budgets=Adaptive(alpha_floor=0.0),
         select=AdaptiveCritical(),
-    ),
+    )
 )
 register(
-    "layer-defensivekv",
-    lambda: Method(
+    Method(
         "layer-defensivekv",
         "DefensiveKV with one selection over all layers and heads (same total budget; per-layer totals vary).",
         _DEFENSIVEKV,
         DefensiveAggregation(),
         budgets=LayerJoint(),
         select=AdaptiveCritical(),
-    ),
+    )
 )
 register(
-    "tova",
-    lambda: Method(
+    Method(
         "tova",
         "The last query's attention, averaged over all heads of the layer (one ranking per layer), top-k.",
         _TOVA,
         LastQueryAttention(),
-    ),
+    )
 )
 register(
-    "critical-tova",
-    lambda: Method(
+    Method(
         "critical-tova",
         "TOVA scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         f"{_CRITICAL}; {_TOVA}",
         LastQueryAttention(),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "keydiff",
-    lambda: Method(
+    Method(
         "keydiff",
         "Keeps the keys least similar in direction to the mean key (score -cos(k, mean unit key)), top-k.",
         _KEYDIFF,
         KeyDissimilarity(),
-    ),
+    )
 )
 register(
-    "expected-attention",
-    lambda: Method(
+    Method(
         "expected-attention",
         "Expected attention of future queries (prompt query mean and covariance, RoPE of the next 512 "
         "positions) times ||V||_2, question-agnostic, top-k.",
         _EXPECTED,
         ExpectedAttention(),
-    ),
+    )
 )
 register(
-    "critical-expected-attention",
-    lambda: Method(
+    Method(
         "critical-expected-attention",
         "Expected attention (without kvpress's ||V||_2 rescaling); two-stage selection by attention x ||V W_O||_1.",
         f"{_CRITICAL}; {_EXPECTED}",
         ExpectedAttention(value_norm=False),
         select=Critical(),
-    ),
+    )
 )
 register(
-    "kvzip",
-    lambda: Method(
+    Method(
         "kvzip",
         "Most attention received while the model repeats the context (one extra pass), question-agnostic; "
         "one top-k over all layers and heads (the paper's and kvpress's non-uniform budgets).",
         _KVZIP,
         ReconstructionAttention(),
         budgets=LayerJoint(),
-    ),
+    )
 )
 register(
-    "critical-kvzip",
-    lambda: Method(
+    Method(
         "critical-kvzip",
         "KVzip scores and budgets; two-stage selection by attention x ||V W_O||_1.",
         f"{_CRITICAL}; {_KVZIP}",
         ReconstructionAttention(),
         budgets=LayerJoint(),
         select=Critical(),
-    ),
+    )
 )

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from criticalkv.methods.method import Method
 from criticalkv.methods.spec import format_spec, parse_spec
 
-_REGISTRY: dict[str, Callable[[], Method]] = {}
+_REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, factory: Callable[[], Method]) -> None:
-    """Register a method factory under ``name`` (replacing any earlier one).
+def register(method: Method) -> None:
+    """Register ``method`` under its name (replacing any earlier method of that name).
 
     To change a parameter of a registered method, use ``get_method(name, **options)`` instead.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a method name must be a non-empty string, not {name!r}")
-    if not callable(factory):
-        raise TypeError(f"register({name!r}, ...) needs a factory that returns a Method, not {factory!r}")
-    _REGISTRY[name] = factory
+    if not isinstance(method, Method):
+        raise TypeError(f"register(...) needs a criticalkv Method, not {method!r}")
+    if not isinstance(method.name, str) or not method.name:
+        raise ValueError(f"a method name must be a non-empty string, not {method.name!r}")
+    _REGISTRY[method.name] = method
 
 
 def available_methods() -> list[str]:
@@ -43,7 +42,7 @@ def get_method(name: str | Method, **options: Any) -> Method:
         base, spec_options = parse_spec(name)
         if base not in _REGISTRY:
             raise ValueError(f"unknown method {base!r}; choose one of: {', '.join(_REGISTRY)}")
-        method = _REGISTRY[base]()
+        method = _REGISTRY[base]
         if spec_options:
             method = dataclasses.replace(method.with_options(**spec_options), name=format_spec(base, spec_options))
     else:

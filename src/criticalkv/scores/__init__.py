@@ -8,12 +8,10 @@ from criticalkv.scores.key_diff import KeyDissimilarity
 from criticalkv.scores.key_norm import KeyNorm
 from criticalkv.scores.last_query import LastQueryAttention
 from criticalkv.scores.positional import SinksAndRecent
-from criticalkv.scores.queries import ALL_QUERIES
 from criticalkv.scores.value_norms import projected_value_norms
 from criticalkv.scores.window_attention import WindowAttention
 
 __all__ = [
-    "ALL_QUERIES",
     "AccumulatedAttention",
     "DefensiveAggregation",
     "ExpectedAttention",

@@ -9,17 +9,11 @@ queries, at least the window) or :data:`ALL_QUERIES` (every prompt query, e.g. H
 
 from __future__ import annotations
 
-from criticalkv.needs import ALL_QUERIES, QueriesNeeded, check_queries_needed, merge_queries_needed
+from criticalkv.needs import ALL_QUERIES, QueriesNeeded
+from criticalkv.needs import check_queries_needed as check_queries_needed  # cache/capture.py still imports it here
 from criticalkv.state import LayerState
 
-__all__ = [
-    "ALL_QUERIES",
-    "QueriesNeeded",
-    "check_queries_needed",
-    "merge_queries_needed",
-    "require_all_queries",
-    "resolve_num_queries",
-]
+__all__ = ["require_all_queries", "resolve_num_queries"]
 
 
 def resolve_num_queries(needed: QueriesNeeded, available: int) -> int | None:

@@ -35,17 +35,8 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
     return f"{where or 'body'}: {first.get('msg', 'invalid value')}", where
 
 
-def build_app(engine: Engine) -> FastAPI:
-    """The server's application around ``engine`` (started and stopped with the app)."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
-        yield
-        engine.stop()
-
-    app = FastAPI(title="criticalkv", lifespan=lifespan)
-    created = int(time.time())
+def _add_error_handlers(app: FastAPI) -> None:
+    """Answer every error with OpenAI's error body."""
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> JSONResponse:
@@ -60,6 +51,10 @@ def build_app(engine: Engine) -> FastAPI:
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return JSONResponse(APIError(error.status_code, str(error.detail), type=kind).body(), error.status_code)
+
+
+def _add_authentication(app: FastAPI, engine: Engine) -> None:
+    """With an API key configured, require ``Authorization: Bearer <key>`` on every route."""
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -76,6 +71,40 @@ def build_app(engine: Engine) -> FastAPI:
                 return JSONResponse(error.body(), status_code=401)
         return await call_next(request)
 
+
+async def _create_context(body: ContextCreate, engine: Engine) -> dict[str, Any]:
+    """Check a document, compress it on the engine and answer its context's description."""
+    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
+    if not body.text.strip():
+        raise invalid("text is empty; send the document to compress", "text")
+    ids = engine.context_ids(body.text)
+    if len(ids) < window:
+        raise invalid(
+            f"the document has {len(ids)} tokens, fewer than the observation window ({window}); "
+            "send a longer document or a smaller window",
+            "text",
+        )
+    if len(ids) >= engine.max_positions:
+        raise invalid(
+            f"the document has {len(ids)} tokens; this model accepts {engine.max_positions} in all",
+            "text",
+            "context_length_exceeded",
+        )
+    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "text"
+    check_compressible(len(ids), budget, window, engine.quantization, "document", at_fault)
+    engine.admit()
+    channel = Channel(asyncio.get_running_loop())
+    engine.submit_context(ids, method, budget, window, channel)
+    kind, value = await channel.get()
+    if kind == "error":
+        raise value
+    return dict(value)
+
+
+def _add_routes(app: FastAPI, engine: Engine) -> None:
+    """The OpenAI-compatible routes, the contexts resource and ``/metrics``."""
+    created = int(time.time())
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         entry = {"id": engine.config.model_name, "object": "model", "created": created, "owned_by": "criticalkv"}
@@ -87,31 +116,7 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.post("/v1/contexts")
     async def create_context(body: ContextCreate) -> dict[str, Any]:
-        method, budget, window = engine.config.compression(body.method, body.budget, body.window)
-        if not body.text.strip():
-            raise invalid("text is empty; send the document to compress", "text")
-        ids = engine.context_ids(body.text)
-        if len(ids) < window:
-            raise invalid(
-                f"the document has {len(ids)} tokens, fewer than the observation window ({window}); "
-                "send a longer document or a smaller window",
-                "text",
-            )
-        if len(ids) >= engine.max_positions:
-            raise invalid(
-                f"the document has {len(ids)} tokens; this model accepts {engine.max_positions} in all",
-                "text",
-                "context_length_exceeded",
-            )
-        at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "text"
-        check_compressible(len(ids), budget, window, engine.quantization, "document", at_fault)
-        engine.admit()
-        channel = Channel(asyncio.get_running_loop())
-        engine.submit_context(ids, method, budget, window, channel)
-        kind, value = await channel.get()
-        if kind == "error":
-            raise value
-        return dict(value)
+        return await _create_context(body, engine)
 
     @app.get("/v1/contexts/{context_id}")
     async def get_context(context_id: str) -> dict[str, Any]:
@@ -127,4 +132,18 @@ def build_app(engine: Engine) -> FastAPI:
         text = engine.metrics.render(engine.store.stats(), engine.queue_depth(), engine.active())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+
+def build_app(engine: Engine) -> FastAPI:
+    """The server's application around ``engine`` (started and stopped with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="criticalkv", lifespan=lifespan)
+    _add_error_handlers(app)
+    _add_authentication(app, engine)
+    _add_routes(app, engine)
     return app

@@ -45,45 +45,71 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
     if body.n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
     sampling, stops = _sampling(body), _stops(body.stop)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_tokens = config.max_new_tokens if max_tokens is None else max_tokens
-    if not 1 <= max_tokens <= config.max_new_tokens:
-        raise invalid(f"max_tokens must be in [1, {config.max_new_tokens}], not {max_tokens}", "max_tokens")
+    max_tokens = _max_tokens(body, config.max_new_tokens)
     question = body.messages[-1].text().strip() if body.messages[-1].role == "user" else ""
     if not question:
         raise invalid("the last message must be a user message with a non-empty question", "messages")
     admitted = time.perf_counter()
     if body.context_id is not None:
-        if not engine.store.has(body.context_id):
-            raise not_found(f"no context {body.context_id!r}; create one with POST /v1/contexts", "context_id")
-        if len(body.messages) != 1:
-            raise invalid("with context_id, send the question as the only (user) message", "messages")
-        info = engine.store.info(body.context_id)
-        asked = {"method": body.method, "budget": body.budget, "window": body.window}
-        for key, value in asked.items():
-            if value is not None and value != info[key]:
-                raise invalid(
-                    f"context {body.context_id} was compressed with {key}={info[key]!r}; "
-                    f"omit {key} or create another context",
-                    key,
-                )
-        ids = engine.question_ids(question)
-        total = info["tokens"] + len(ids) + max_tokens
-        if total > engine.max_positions:
-            raise _too_long(total, engine.max_positions)
-        return ChatWork(
-            ids,
-            body.context_id,
-            info["method"],
-            info["budget"],
-            info["window"],
-            max_tokens,
-            info["tokens"] + len(ids),
-            admitted,
-            sampling,
-            stops,
-        )
-    method, budget, window = config.compression(body.method, body.budget, body.window)
+        return _stored_context_work(body, body.context_id, engine, question, max_tokens, admitted, sampling, stops)
+    return _prompt_work(body, engine, max_tokens, admitted, sampling, stops)
+
+
+def _max_tokens(body: ChatRequest, most: int) -> int:
+    """The request's ``max_completion_tokens`` (or ``max_tokens``; left out: ``most``), in [1, ``most``]."""
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = most if max_tokens is None else max_tokens
+    if not 1 <= max_tokens <= most:
+        raise invalid(f"max_tokens must be in [1, {most}], not {max_tokens}", "max_tokens")
+    return max_tokens
+
+
+def _stored_context_work(
+    body: ChatRequest,
+    context_id: str,
+    engine: Engine,
+    question: str,
+    max_tokens: int,
+    admitted: float,
+    sampling: Sampling,
+    stops: tuple[str, ...],
+) -> ChatWork:
+    """A question about a stored context: the context's compression, the question's ids."""
+    if not engine.store.has(context_id):
+        raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
+    if len(body.messages) != 1:
+        raise invalid("with context_id, send the question as the only (user) message", "messages")
+    info = engine.store.info(context_id)
+    asked = {"method": body.method, "budget": body.budget, "window": body.window}
+    for key, value in asked.items():
+        if value is not None and value != info[key]:
+            raise invalid(
+                f"context {context_id} was compressed with {key}={info[key]!r}; omit {key} or create another context",
+                key,
+            )
+    ids = engine.question_ids(question)
+    total = info["tokens"] + len(ids) + max_tokens
+    if total > engine.max_positions:
+        raise _too_long(total, engine.max_positions)
+    return ChatWork(
+        ids,
+        context_id,
+        info["method"],
+        info["budget"],
+        info["window"],
+        max_tokens,
+        info["tokens"] + len(ids),
+        admitted,
+        sampling,
+        stops,
+    )
+
+
+def _prompt_work(
+    body: ChatRequest, engine: Engine, max_tokens: int, admitted: float, sampling: Sampling, stops: tuple[str, ...]
+) -> ChatWork:
+    """A whole conversation as one prompt, to compress with the request's (or the server's) settings."""
+    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
     if len(ids) + max_tokens > engine.max_positions:
         raise _too_long(len(ids) + max_tokens, engine.max_positions)

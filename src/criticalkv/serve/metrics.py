@@ -11,6 +11,9 @@ from typing import Any
 #: tokens per second are measured over this many recent seconds
 RATE_WINDOW_S = 30.0
 
+#: one metric of the exposition: (name, type, help text, value)
+_Row = tuple[str, str, str, Any]
+
 
 class Metrics:
     """Counters the worker updates and ``/metrics`` reads (thread-safe)."""
@@ -88,73 +91,96 @@ class Metrics:
         """The exposition text: counters of this object beside the store's and queue's gauges."""
         rate = self.tokens_per_second()
         with self._lock:
-            rows = [
-                ("criticalkv_contexts_in_memory", "gauge", "stored contexts held in memory", store["in_memory"]),
-                ("criticalkv_contexts_on_disk", "gauge", "stored contexts in the store folder", store["on_disk"]),
-                (
-                    "criticalkv_context_bytes_in_memory",
-                    "gauge",
-                    "KV bytes of contexts in memory",
-                    store["bytes_in_memory"],
-                ),
-                ("criticalkv_context_bytes_total", "gauge", "KV bytes of every stored context", store["bytes_total"]),
-                ("criticalkv_memory_cap_bytes", "gauge", "cap on KV bytes of contexts in memory", store["cap_bytes"]),
-                ("criticalkv_queue_depth", "gauge", "admitted requests waiting for the worker", queue_depth),
-                ("criticalkv_sessions_active", "gauge", "requests being decoded", active),
-                ("criticalkv_decode_steps_total", "counter", "batched decode steps", self.decode_steps_total),
-                ("criticalkv_decode_rows_total", "counter", "rows over all decode steps", self.decode_rows_total),
-                ("criticalkv_decode_rows_max", "gauge", "the most rows one decode step held", self.decode_rows_max),
-                ("criticalkv_decode_rows_last", "gauge", "rows of the last decode step", self.decode_rows_last),
-                (
-                    "criticalkv_start_steps_total",
-                    "counter",
-                    "batched question appends",
-                    self.start_steps_total,
-                ),
-                ("criticalkv_start_rows_total", "counter", "answers over all batched starts", self.start_rows_total),
-                ("criticalkv_start_rows_max", "gauge", "the most answers one batched start held", self.start_rows_max),
-                (
-                    "criticalkv_rows_kv_bytes",
-                    "gauge",
-                    "KV bytes the decode rows hold (their own plus each stored context they read, once)",
-                    self.rows_bytes,
-                ),
-                (
-                    "criticalkv_rows_context_kv_bytes",
-                    "gauge",
-                    "KV bytes of the stored contexts the decode rows read, each once",
-                    self.rows_bytes - sum(n for _, n in self.row_bytes),
-                ),
-                ("criticalkv_generated_tokens_total", "counter", "tokens generated", self.tokens_total),
-                (
-                    "criticalkv_tokens_per_second",
-                    "gauge",
-                    f"tokens generated per second over {RATE_WINDOW_S:g} s",
-                    rate,
-                ),
-                ("criticalkv_requests_total", "counter", "requests admitted or rejected", self.requests_total),
-                ("criticalkv_rejected_total", "counter", "requests rejected with 429", self.rejected_total),
-                (
-                    "criticalkv_time_to_first_token_seconds_last",
-                    "gauge",
-                    "time to first token of the last answer",
-                    self.last_ttft,
-                ),
-            ]
-            lines = []
-            for name, kind, help_text, value in rows:
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
-            name = "criticalkv_row_kv_bytes"
-            lines += [
-                f"# HELP {name} KV bytes each decode row holds of its own (its fork's tail)",
-                f"# TYPE {name} gauge",
-            ]
-            lines += [f'{name}{{row="{r}",context="{c}"}} {n}' for r, (c, n) in enumerate(self.row_bytes)]
-            name = "criticalkv_time_to_first_token_seconds"
-            lines += [
-                f"# HELP {name} time from admission to the first token",
-                f"# TYPE {name} summary",
-                f"{name}_sum {self.ttft_sum}",
-                f"{name}_count {self.ttft_count}",
-            ]
+            rows = _gauges(store, queue_depth, active) + self._counters(rate)
+            lines = _exposition(rows) + self._row_lines() + self._ttft_lines()
         return "\n".join(lines) + "\n"
+
+    def _counters(self, rate: float) -> list[_Row]:
+        """This object's counters and gauges as (name, type, help, value); the caller holds the lock."""
+        return [
+            ("criticalkv_decode_steps_total", "counter", "batched decode steps", self.decode_steps_total),
+            ("criticalkv_decode_rows_total", "counter", "rows over all decode steps", self.decode_rows_total),
+            ("criticalkv_decode_rows_max", "gauge", "the most rows one decode step held", self.decode_rows_max),
+            ("criticalkv_decode_rows_last", "gauge", "rows of the last decode step", self.decode_rows_last),
+            (
+                "criticalkv_start_steps_total",
+                "counter",
+                "batched question appends",
+                self.start_steps_total,
+            ),
+            ("criticalkv_start_rows_total", "counter", "answers over all batched starts", self.start_rows_total),
+            ("criticalkv_start_rows_max", "gauge", "the most answers one batched start held", self.start_rows_max),
+            (
+                "criticalkv_rows_kv_bytes",
+                "gauge",
+                "KV bytes the decode rows hold (their own plus each stored context they read, once)",
+                self.rows_bytes,
+            ),
+            (
+                "criticalkv_rows_context_kv_bytes",
+                "gauge",
+                "KV bytes of the stored contexts the decode rows read, each once",
+                self.rows_bytes - sum(n for _, n in self.row_bytes),
+            ),
+            ("criticalkv_generated_tokens_total", "counter", "tokens generated", self.tokens_total),
+            (
+                "criticalkv_tokens_per_second",
+                "gauge",
+                f"tokens generated per second over {RATE_WINDOW_S:g} s",
+                rate,
+            ),
+            ("criticalkv_requests_total", "counter", "requests admitted or rejected", self.requests_total),
+            ("criticalkv_rejected_total", "counter", "requests rejected with 429", self.rejected_total),
+            (
+                "criticalkv_time_to_first_token_seconds_last",
+                "gauge",
+                "time to first token of the last answer",
+                self.last_ttft,
+            ),
+        ]
+
+    def _row_lines(self) -> list[str]:
+        """Each decode row's own KV bytes, labelled by row and context; the caller holds the lock."""
+        name = "criticalkv_row_kv_bytes"
+        lines = [
+            f"# HELP {name} KV bytes each decode row holds of its own (its fork's tail)",
+            f"# TYPE {name} gauge",
+        ]
+        lines += [f'{name}{{row="{r}",context="{c}"}} {n}' for r, (c, n) in enumerate(self.row_bytes)]
+        return lines
+
+    def _ttft_lines(self) -> list[str]:
+        """The time-to-first-token summary; the caller holds the lock."""
+        name = "criticalkv_time_to_first_token_seconds"
+        return [
+            f"# HELP {name} time from admission to the first token",
+            f"# TYPE {name} summary",
+            f"{name}_sum {self.ttft_sum}",
+            f"{name}_count {self.ttft_count}",
+        ]
+
+
+def _gauges(store: dict[str, int], queue_depth: int, active: int) -> list[_Row]:
+    """The store's, the queue's and the sessions' gauges."""
+    return [
+        ("criticalkv_contexts_in_memory", "gauge", "stored contexts held in memory", store["in_memory"]),
+        ("criticalkv_contexts_on_disk", "gauge", "stored contexts in the store folder", store["on_disk"]),
+        (
+            "criticalkv_context_bytes_in_memory",
+            "gauge",
+            "KV bytes of contexts in memory",
+            store["bytes_in_memory"],
+        ),
+        ("criticalkv_context_bytes_total", "gauge", "KV bytes of every stored context", store["bytes_total"]),
+        ("criticalkv_memory_cap_bytes", "gauge", "cap on KV bytes of contexts in memory", store["cap_bytes"]),
+        ("criticalkv_queue_depth", "gauge", "admitted requests waiting for the worker", queue_depth),
+        ("criticalkv_sessions_active", "gauge", "requests being decoded", active),
+    ]
+
+
+def _exposition(rows: Sequence[_Row]) -> list[str]:
+    """HELP, TYPE and value lines of each metric."""
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return lines

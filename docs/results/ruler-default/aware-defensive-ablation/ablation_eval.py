@@ -30,5 +30,5 @@ variants = {
     "critical-adakv-defensive-aggregation": (DefensiveAggregation(), Adaptive(), Critical()),
 }
 for name, (scores, budgets, select) in variants.items():
-    register(name, lambda name=name, parts=(scores, budgets, select): Method(name, "", REF, *parts))
+    register(Method(name, "", REF, scores, budgets, select))
 sys.exit(main(["eval", "--norm-precision", "exact", *sys.argv[1:]]))

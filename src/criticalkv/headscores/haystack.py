@@ -1,4 +1,4 @@
-"""Haystacks and the single-needle-in-noise context that the eval task and head scoring share.
+"""Haystacks and the single-needle-in-noise context that head scoring, the eval tasks and the bench share.
 
 The noise haystack is RULER's repeated sentence (``data/haystack/noise.txt``). The natural-text
 haystack is the Book of Genesis, King James Version (1611, public domain), extracted from
