@@ -208,3 +208,14 @@ def test_a_sweep_with_quantized_storage_under_a_decode_budget(tmp_path: Path) ->
             assert records["snapkv"]["kv_bits"] == 4 and records["full"]["kv_bits"] == 4
         peaks[bits] = records["snapkv"]["kv_bytes_peak"]
     assert peaks[4] < peaks[None] / 2
+
+
+@torch.no_grad()
+def test_a_layer_below_the_residual_is_not_refused() -> None:
+    """PyramidKV gives low layers fewer entries than the decode budget; a residual as long as the
+    decode budget (allowed) is checked against the budget asked for, not a layer's share of it
+    (hypothesis found this refused at the prefill)."""
+    storage = {"kv_bits": 4, "kv_group_size": 2, "kv_residual": 3}
+    decode = {"budget": 3, "interval": 1, "window": 2}
+    worst, cache, followed = run_schedule("llama", "pyramidkv", [24], storage, decode, 8, 0)
+    assert worst < 1e-4 and cache.decode is not None and followed == cache.decode.reselections

@@ -204,6 +204,8 @@ class CompressedCache(Cache):
             self.budget_tokens = resolve_budget(self.budget, state.lengths, self.window)
             if self.decode is not None:  # held at the decode budget from the start (see DecodeCompression)
                 self.budget_tokens = self.budget_tokens.clamp(max=self.decode.budget)
+            if self.quantization is not None:  # against the budget asked for, not a layer's share of it
+                self.quantization.check_budget(int(self.budget_tokens.min()))
         if self.method.needs.cross_layer:
             self._deferred[layer.layer_idx] = (layer, state)
             if len(self._deferred) == self.num_layers:

@@ -78,7 +78,6 @@ class QuantizedStorage(Storage):
         self.spec.check_head_dim(d)
         if not reselected:
             per_head = int(keep.reshape(b, -1).sum(-1).min()) // max(1, h)  # the smallest row's budget per head
-            self.spec.check_budget(per_head)
             self.residual = self.spec.residual_for(per_head)
         self.geometry = Geometry.of(keys)
         self.prefix = build_quantized_prefix(keys, values, keep, self.spec.bits, self.spec.group_size)
