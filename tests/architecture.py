@@ -288,3 +288,27 @@ def storage_probes(root: Path, parent: str, storages: Iterable[str]) -> list[str
                 if home and not (module == home or module.startswith(home + ".")):
                     out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
     return out
+
+
+#: what a method declares it needs from the prefill (criticalkv.needs.Needs), read where a prompt is compressed
+PREFILL_NEEDS = frozenset({"queries", "reconstruction"})
+
+
+def needs_readers(root: Path, allowed: Iterable[str]) -> list[str]:
+    """Reads of ``needs.queries`` / ``needs.reconstruction`` (``x.needs.queries`` too) in modules
+    other than ``allowed`` (module names; a package name allows what is inside it): one place
+    decides how a prompt is prefilled for what a method needs."""
+    package = read_package(root)
+    allowed = tuple(allowed)
+    out = []
+    for module, path in sorted(package.files.items()):
+        if any(module == a or module.startswith(a + ".") for a in allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Attribute) and node.attr in PREFILL_NEEDS):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name == "needs":
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out

@@ -16,6 +16,7 @@ from tests.architecture import (
     long_files,
     long_functions,
     method_probes,
+    needs_readers,
     private_access,
     read_package,
     storage_probes,
@@ -99,6 +100,28 @@ def test_nothing_outside_a_storage_asks_which_storage_it_is() -> None:
         "isinstance on a storage subpackage's class outside it",
         "add what the caller needs to the Storage interface (cache/storage.py) and implement it in each storage",
         probes,
+    )
+
+
+def test_functions_are_short() -> None:
+    long = long_functions(PACKAGE)
+    assert not long, report(
+        f"functions over {MAX_FUNCTION_LINES} lines (docstrings not counted)",
+        "split each by what it does (one job per function)",
+        long,
+    )
+
+
+#: where what a method needs from the prefill is read: the cache, the Needs type and compress_prompt
+NEEDS_READERS = ("criticalkv.cache", "criticalkv.needs", "criticalkv.runtime.compress")
+
+
+def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> None:
+    readers = needs_readers(PACKAGE, NEEDS_READERS)
+    assert not readers, report(
+        "modules outside the cache read needs.queries or needs.reconstruction",
+        "compress through criticalkv.runtime.compress_prompt / prompt_states, which read them",
+        readers,
     )
 
 
@@ -270,3 +293,12 @@ def test_storage_probes_are_found(tmp_path: Path) -> None:
     }
     found = storage_probes(write_package(tmp_path, changes), "pkg.cache", ["quantized"])
     assert found == ["pkg/cache/store.py:2: isinstance(s.storage, (int, q.QStorage))"]
+
+
+def test_needs_readers_are_found(tmp_path: Path) -> None:
+    changes = {
+        "runtime/compress.py": "def f(method):\n    return method.needs.reconstruction\n",
+        "eval/unit.py": "def g(m, needs):\n    return m.needs.queries, needs.reconstruction, m.queries\n",
+    }
+    found = needs_readers(write_package(tmp_path, changes), ["pkg.runtime.compress"])
+    assert found == ["pkg/eval/unit.py:2: m.needs.queries", "pkg/eval/unit.py:2: needs.reconstruction"]

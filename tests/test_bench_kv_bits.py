@@ -73,7 +73,7 @@ def test_quantized_rows_beside_unquantized_ones(tiny_llama: PreTrainedModel, tmp
         ({"kv_bits": 3}, "kv_bits must be 16 .not quantized., 8 or 4, not 3"),
         ({"kv_bits": 16}, "the model's own dtype: give 8 or 4"),
         ({"kv_bits": None}, "give kv_bits 8 or 4 too"),
-        ({"kv_group_size": 0}, "group size must be a positive integer"),
+        ({"kv_group_size": 0}, "group size .kv_group_size. must be a positive integer"),
         ({"kv_residual": 40, "budgets": [32]}, "longer than the budget"),
         ({"decode_budget": 16, "kv_residual": 32}, "longer than the decode budget"),
         ({"methods": []}, "at least one method besides full"),
@@ -86,7 +86,7 @@ def test_config_rejects_bad_storage_input(changes: dict[str, object], message: s
 
 def test_group_size_must_divide_the_models_head_dimension(tiny_llama: PreTrainedModel) -> None:
     _config(kv_group_size=None).check_model(tiny_llama)  # the default 64 is a multiple of head_dim 16
-    with pytest.raises(ValueError, match="group size 24 does not divide the head dimension 16"):
+    with pytest.raises(ValueError, match=r"group size \(kv_group_size\) 24 does not divide the head dimension 16"):
         _config(kv_group_size=24).check_model(tiny_llama)
 
 
@@ -159,10 +159,16 @@ def test_cli_kv_bits_records(tiny_folder: Path, capsys: pytest.CaptureFixture[st
     assert records[2]["kv_bytes"] < records[1]["kv_bytes"] and records[2]["bits_per_element"] < 16
 
 
+def test_cli_rejects_unsupported_bits_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    """One --kv-bits for every command: argparse refuses a width it does not take."""
+    with pytest.raises(SystemExit) as exit_:
+        main(_argv("/nonexistent/model", "--kv-bits", "3"))
+    assert exit_.value.code == 2 and "invalid choice: 3" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--kv-bits", "3"], "--kv-bits must be 16 (not quantized), 8 or 4, not 3"),
         (["--kv-group-size", "8"], "give --kv-bits 8 or 4 too"),
         (["--kv-bits", "4", "--kv-residual", "32", "--decode-budget", "16"], "longer than the decode budget"),
     ],

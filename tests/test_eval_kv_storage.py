@@ -34,8 +34,8 @@ def test_the_group_in_effect_and_a_given_residual_enter_the_identity(tmp_path: P
     [
         ({"kv_group_size": 8}, "give kv_bits 8 or 4 too"),
         ({"kv_residual": 4}, "give kv_bits 8 or 4 too"),
-        ({"kv_bits": 4, "kv_group_size": 0}, "group size must be a positive integer"),
-        ({"kv_bits": 4, "kv_residual": -1}, "residual must be a non-negative integer"),
+        ({"kv_bits": 4, "kv_group_size": 0}, "group size .kv_group_size. must be a positive integer"),
+        ({"kv_bits": 4, "kv_residual": -1}, "residual .kv_residual. must be a non-negative integer"),
     ],
 )
 def test_bad_storage_options_are_refused(tmp_path: Path, changes: dict[str, object], message: str) -> None:

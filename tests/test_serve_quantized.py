@@ -153,5 +153,5 @@ def test_the_command_checks_the_storage_options() -> None:
 
 def test_a_group_size_that_does_not_fit_the_model_is_refused(tmp_path: Path, reference: tuple) -> None:
     model, tokenizer = reference
-    with pytest.raises(ValueError, match="group size 12 does not divide the head dimension 16"):
+    with pytest.raises(ValueError, match=r"group size \(kv_group_size\) 12 does not divide the head dimension 16"):
         Engine(model, tokenizer, server_config(tmp_path, kv_bits=4, kv_group_size=12))

@@ -2,18 +2,20 @@
 compressed, head-varying cache for transformers."""
 
 from criticalkv.budgets.resolve import parse_budget, resolve_budget
-from criticalkv.cache import CaptureCache, CompressedCache
+from criticalkv.cache import CacheSpec, CaptureCache, CompressedCache, DecodeBudget
 from criticalkv.methods import Method, available_methods, bind, get_method, register
 from criticalkv.models import load_model
 from criticalkv.needs import Needs
-from criticalkv.runtime import GenerationResult, attach, continue_generation, generate, prefill
+from criticalkv.runtime import GenerationResult, attach, compress_prompt, continue_generation, generate, prefill
 from criticalkv.state import LayerState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheSpec",
     "CaptureCache",
     "CompressedCache",
+    "DecodeBudget",
     "GenerationResult",
     "LayerState",
     "Method",
@@ -22,6 +24,7 @@ __all__ = [
     "attach",
     "available_methods",
     "bind",
+    "compress_prompt",
     "continue_generation",
     "generate",
     "get_method",

@@ -12,7 +12,9 @@ from criticalkv.commands import bench, demo, generate, head_scores, methods, ser
 from criticalkv.commands import eval as eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
+from criticalkv.commands.cache_options import FLAGS
 from criticalkv.commands.common import UsageError
+from criticalkv.options import OptionError
 
 #: subcommand modules, in the order ``--help`` lists them
 COMMANDS: list[ModuleType] = [
@@ -48,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {m.NAME: m for m in COMMANDS}[args.command]
     try:
         return int(command.run(args))
+    except OptionError as err:  # a library check about an option: named as this command's flag
+        logging.getLogger("criticalkv").debug("command failed", exc_info=True)
+        print(f"criticalkv: error: {err.spelled(getattr(command, 'SPELLING', FLAGS))}", file=sys.stderr)
+        return 2
     except (UsageError, ValueError) as err:  # what the user can fix; anything else is a bug: its traceback shows
         logging.getLogger("criticalkv").debug("command failed", exc_info=True)
         print(f"criticalkv: error: {err}", file=sys.stderr)

@@ -10,10 +10,11 @@ import torch
 
 from criticalkv.bench.ours import StorageOptions
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
-from criticalkv.cache.compressed_cache import check_window
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache.prefill_state import check_window
 from criticalkv.cache.quantized import check_quantized_decode, default_group_size, quantization_for
 from criticalkv.methods import bind, get_method
+from criticalkv.options import OptionError
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 KVPRESS_CHOICES = ("auto", "on", "off")
@@ -80,7 +81,9 @@ class BenchConfig:
     def _check_storage(self) -> None:
         if self.kv_bits is None:
             if self.kv_group_size is not None or self.kv_residual is not None:
-                raise ValueError("kv_group_size and kv_residual set how kv_bits quantizes: give kv_bits 8 or 4 too")
+                raise OptionError(
+                    "<kv_group_size> and <kv_residual> set how <kv_bits> quantizes: give <kv_bits> 8 or 4 too"
+                )
             return
         spec = quantization_for(self.kv_bits, self.kv_group_size, self.kv_residual)
         if spec is None:

@@ -11,11 +11,12 @@ from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.measure import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache import CacheSpec, bind_spec
 from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
 from criticalkv.methods import Method
 from criticalkv.runtime.attach import attach
+from criticalkv.runtime.compress import compress_prompt
 from criticalkv.runtime.forward import prefill_into
 
 #: (bits, group size, full-precision residual or ``None`` for the cache's default) of quantized storage
@@ -121,12 +122,19 @@ def measure_criticalkv(
     quantized: dict[str, Any] = {}
     if storage is not None:
         quantized = dict(zip(("kv_bits", "kv_group_size", "kv_residual"), storage, strict=True))
-    cache = CompressedCache.for_model(
-        model, method, budget, window=window, decode_budget=decode_budget, decode_interval=decode_interval, **quantized
+    spec = CacheSpec.of(
+        method,
+        budget,
+        window,
+        decode_budget=decode_budget,
+        decode_interval=decode_interval,
+        config=model.config,
+        **quantized,
     )
-    cache.synchronize_timing = True
+    spec = bind_spec(spec, model)
     start = now(device)
-    first = prefill_into(model, cache, ids, torch.ones_like(ids)).argmax(-1)
+    cache, last = compress_prompt(model, ids, torch.ones_like(ids), spec, synchronize_timing=True)
+    first = last.argmax(-1)
     ttft = now(device) - start
     kv, kv_full, bits = cache.kv_bytes(), cache.kv_bytes_full(), bits_per_element(cache)
     tokens: list[torch.Tensor] = []

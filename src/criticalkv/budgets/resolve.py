@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from criticalkv.options import OptionError, OptionTypeError
+
 Budget = float | int
 
 
@@ -15,15 +17,20 @@ def validate_budget(budget: object) -> Budget:
     A ``float`` is a fraction of the context in (0, 1]; an ``int`` is a token count >= 1.
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"budget must be a fraction in (0, 1] (a float) or a token count (an int), not {budget!r}")
+        raise OptionTypeError(
+            "<budget> must be a fraction in (0, 1] (a float) or a token count (an int), not {budget!r}", budget=budget
+        )
     if isinstance(budget, float):
         if not math.isfinite(budget) or not 0.0 < budget <= 1.0:
-            raise ValueError(
-                f"budget {budget} is not a fraction in (0, 1]; pass e.g. 0.2 for 20% of the context, "
-                "or an integer token count such as 512"
+            raise OptionError(
+                "<budget> {budget} is not a fraction in (0, 1]; pass e.g. 0.2 for 20% of the context, "
+                "or an integer token count such as 512",
+                budget=budget,
             )
     elif budget < 1:
-        raise ValueError(f"budget {budget} tokens is below 1; pass a positive token count or a fraction")
+        raise OptionError(
+            "<budget> {budget} tokens is below 1; pass a positive token count or a fraction", budget=budget
+        )
     return budget
 
 

@@ -4,15 +4,19 @@ from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention
 from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.layer import CompressedLayer, new_storage, storage_class
+from criticalkv.cache.spec import CacheSpec, DecodeBudget, bind_spec
 from criticalkv.cache.storage import Geometry, Storage
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "CacheSpec",
     "CaptureCache",
     "CompressedCache",
     "CompressedLayer",
+    "DecodeBudget",
     "Geometry",
     "Storage",
+    "bind_spec",
     "criticalkv_attention",
     "new_storage",
     "route_attention",

@@ -5,25 +5,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
-from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
+from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
 from criticalkv.cache.layer import CompressedLayer, new_storage
 from criticalkv.cache.persist import load_cache, save_cache
-from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window, state_from_prefill, synchronize
-from criticalkv.cache.quantized import check_quantized_decode, quantization_for, storage_options
+from criticalkv.cache.prefill_state import DEFAULT_WINDOW, state_from_prefill, synchronize
+from criticalkv.cache.spec import CacheSpec, bind_spec
 from criticalkv.cache.tokens import TokenRecord
-from criticalkv.methods import HeadScoresArg, Method, bind, get_method
+from criticalkv.methods import HeadScoresArg, Method
 from criticalkv.needs import QueriesNeeded
 from criticalkv.scores.queries import resolve_num_queries
 from criticalkv.state import LayerState
-
-__all__ = ["DEFAULT_WINDOW", "CompressedCache", "check_window", "state_from_prefill"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +81,36 @@ class CompressedCache(Cache):
         kv_group_size: int | None = None,
         kv_residual: int | None = None,
     ) -> None:
-        self.method = get_method(method)
-        if not self.method.bound:
-            name = self.method.name
+        spec = CacheSpec.of(
+            method,
+            budget,
+            window,
+            decode_budget=decode_budget,
+            decode_interval=decode_interval,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
+            kv_residual=kv_residual,
+        )
+        self._build(num_layers, spec)
+
+    @classmethod
+    def from_spec(cls, num_layers: int, spec: CacheSpec) -> CompressedCache:
+        """An empty cache of ``num_layers`` layers as ``spec`` describes (its method bound)."""
+        cache = cls.__new__(cls)
+        cache._build(num_layers, spec)
+        return cache
+
+    def _build(self, num_layers: int, spec: CacheSpec) -> None:
+        if not spec.method.bound:
+            name = spec.method.name
             raise ValueError(
                 f"method {name!r} needs head importance scores bound to the model before a cache exists: use "
                 f"CompressedCache.for_model(model, {name!r}, ...) or criticalkv.methods.bind(get_method({name!r}), "
                 "model[, head_scores='scores.json'])"
             )
-        self.budget = validate_budget(budget)
-        self.quantization = quantization_for(kv_bits, kv_group_size, kv_residual, self.budget)
-        check_quantized_decode(self.quantization, decode_budget)
-        self.window = check_window(window)
+        #: what this cache is (method, budget, window, decode budget, storage); the fields below read it
+        self.spec = spec
+        self.method, self.budget, self.window, self.quantization = spec.method, spec.budget, spec.window, spec.storage
         self.num_layers = num_layers
         self.real_prompt_tokens: torch.Tensor | None = None
         #: (B,) entries per KV head on average each row keeps, resolved from ``budget`` at the prefill
@@ -109,8 +126,9 @@ class CompressedCache(Cache):
         layers = [CompressedLayer(i, self._compress_layer, new_storage(self.quantization)) for i in range(num_layers)]
         super().__init__(layers=layers)  # type: ignore[arg-type]
         self.decode: DecodeCompression | None = None  # the decode budget, if any
-        if decode_budget is not None:
-            self.decode = DecodeCompression(self.method, decode_budget, decode_interval, self.window, num_layers)
+        if spec.decode is not None:
+            held = spec.decode
+            self.decode = DecodeCompression(self.method, held.budget, held.interval, self.window, num_layers)
             self.decode.install(self.compressed_layers)
 
     @classmethod
@@ -123,10 +141,10 @@ class CompressedCache(Cache):
         **kwargs: Any,
     ) -> CompressedCache:
         """A cache sized for ``model`` (its number of decoder layers), with head scores bound
-        for ``model`` if the method needs them (an error up front if there are none)."""
-        bound = bind(get_method(method), model, head_scores)
-        quantization_for(kwargs.get("kv_bits", 16), kwargs.get("kv_group_size"), config=model.config)
-        return cls(model.config.num_hidden_layers, bound, budget, **kwargs)
+        for ``model`` if the method needs them (an error up front if there are none).
+        ``kwargs``: the other keyword arguments of :class:`CompressedCache` (``window``, ``kv_bits``, ...)."""
+        spec = CacheSpec.of(method, budget, config=model.config, **kwargs)
+        return cls.from_spec(model.config.num_hidden_layers, bind_spec(spec, model, head_scores))
 
     @classmethod
     def from_states(
@@ -136,23 +154,31 @@ class CompressedCache(Cache):
         budget: Budget,
         window: int | None = None,
         head_scores: HeadScoresArg = None,
-        **storage: Any,
+        **options: Any,
     ) -> CompressedCache:
         """Compress captured prefill states (see :class:`CaptureCache`) without a new prefill.
 
         Head scores are bound for the model the states come from (read off the attention
-        modules' config) unless ``head_scores`` is given.
+        modules' config) unless ``head_scores`` is given. ``options``: the storage and decode
+        keywords of :class:`CompressedCache`.
         """
         if not states:
             raise ValueError("no layer states to compress")
         window = states[0].window if window is None else window
         config = getattr(states[0].module, "config", None)  # the model the attention module belongs to
-        cache = cls(len(states), bind(get_method(method), config, head_scores), budget, window=window, **storage)
-        for layer, state in zip(cache.compressed_layers, states, strict=True):
-            if state.window != cache.window:
-                state = LayerState(**{**state.__dict__, "window": cache.window})
-            cache._compress_state(layer, state)
+        spec = CacheSpec.of(method, budget, window, **options)
+        cache = cls.from_spec(len(states), bind_spec(spec, config, head_scores))
+        cache.compress_states(states)
         return cache
+
+    def compress_states(self, states: Sequence[LayerState]) -> None:
+        """Compress captured prefill states (one per layer) into this empty cache, at its window."""
+        if len(states) != self.num_layers:
+            raise ValueError(f"got {len(states)} layer states for a cache of {self.num_layers} layers")
+        for layer, state in zip(self.compressed_layers, states, strict=True):
+            if state.window != self.window:
+                state = LayerState(**{**state.__dict__, "window": self.window})
+            self._compress_state(layer, state)
 
     @property
     def compressed_layers(self) -> list[CompressedLayer]:
@@ -232,7 +258,7 @@ class CompressedCache(Cache):
 
         Use it to ask several questions of one compressed context (question-agnostic mode).
         """
-        clone = type(self)(self.num_layers, self.method, self.budget, self.window, **storage_options(self.quantization))
+        clone = type(self).from_spec(self.num_layers, replace(self.spec, decode=None))
         clone.layers = [layer.fork(clone._compress_layer) for layer in self.compressed_layers]
         if self.decode is not None:  # its own decode budget: the two decode independently
             clone.decode = self.decode.fork()

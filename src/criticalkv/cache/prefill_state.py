@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from criticalkv.options import OptionError
 from criticalkv.state import LayerState
 
 DEFAULT_WINDOW = 32
@@ -12,7 +13,7 @@ DEFAULT_WINDOW = 32
 
 def check_window(window: int) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer number of tokens, not {window!r}")
+        raise OptionError("<window> must be a positive integer number of tokens, not {window!r}", window=window)
     return window
 
 

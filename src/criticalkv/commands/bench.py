@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import (
-    add_head_scores_argument,
-    add_storage_arguments,
-    check_head_scores,
-    flag_names,
-    output_folder,
-)
+from criticalkv.cache.decode import DEFAULT_INTERVAL
+from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
+from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 
 NAME = "bench"
+#: how the library's messages name this command's options
+SPELLING = {**FLAGS, "method": "--methods", "budget": "--budgets"}
 if TYPE_CHECKING:
     from criticalkv.bench.runner import BenchConfig
 
@@ -50,19 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="override the Critical selections' value-norm precision (default: each method's own, 'auto')",
     )
-    p.add_argument(
-        "--decode-budget", type=int, default=None, help="hold each cache at N entries per KV head while decoding"
-    )
-    p.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
-    p.add_argument(
-        "--kv-bits",
-        type=int,
-        default=None,
-        metavar="{8,4}",
-        help="also measure each method with its kept entries stored in 8 or 4 bits (and kvpress on transformers' "
-        "QuantizedCache: quanto, else HQQ)",
-    )
-    add_storage_arguments(p)
+    add_cache_arguments(p)
     p.add_argument("--out", type=Path, default=None, help="folder: records.jsonl, results.json, table.txt, bench.png")
     p.add_argument("--json", action="store_true", help="print the records as one JSON list on stdout")
     add_head_scores_argument(p)
@@ -80,10 +66,7 @@ def run(args: argparse.Namespace) -> int:
         output_folder(args.out, "--out")
         require_matplotlib()  # for bench.png, before anything is measured
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
-    try:
-        config.check_model(model)  # e.g. a group size that does not divide the head dimension
-    except ValueError as err:
-        raise UsageError(_flag_names(str(err))) from None
+    config.check_model(model)  # e.g. a group size that does not divide the head dimension
     kvpress_model = None
     compare = config.kvpress != "off"
     if compare and import_kvpress() is not None:
@@ -116,28 +99,19 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     """The benchmark's configuration, every input checked before the model loads."""
     from criticalkv.bench.runner import BenchConfig
 
-    try:
-        return BenchConfig(
-            context_lengths=args.context_lengths,
-            methods=args.methods,
-            budgets=args.budgets,
-            batch_sizes=args.batch_sizes,
-            decode_tokens=args.decode_tokens,
-            window=args.window,
-            kvpress=args.kvpress,
-            repeats=args.repeats,
-            norm_precision=args.norm_precision,
-            head_scores=check_head_scores(args.head_scores),
-            decode_budget=args.decode_budget,
-            decode_interval=args.decode_interval,
-            kv_bits=args.kv_bits,
-            kv_group_size=args.kv_group_size,
-            kv_residual=args.kv_residual,
-        )
-    except (TypeError, ValueError) as err:
-        raise UsageError(_flag_names(str(err))) from None
-
-
-def _flag_names(message: str) -> str:
-    """``message`` with the options spelled as the command line does, ``kvpress='on'`` included."""
-    return flag_names(message).replace("kvpress='on'", "--kvpress on")
+    options = cache_options(args)
+    if options["decode_interval"] is None:
+        options["decode_interval"] = DEFAULT_INTERVAL
+    return BenchConfig(
+        context_lengths=args.context_lengths,
+        methods=args.methods,
+        budgets=args.budgets,
+        batch_sizes=args.batch_sizes,
+        decode_tokens=args.decode_tokens,
+        window=args.window,
+        kvpress=args.kvpress,
+        repeats=args.repeats,
+        norm_precision=args.norm_precision,
+        head_scores=check_head_scores(args.head_scores),
+        **options,
+    )

@@ -7,19 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.commands import scale
+from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import (
-    UNDERSCORED_OPTIONS,
-    add_head_scores_argument,
-    add_storage_arguments,
-    check_head_scores,
-    flag_names,
-)
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores
 from criticalkv.runtime import MODES
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
 NAME = "eval"
 HELP = "run a resumable sweep of methods x budgets on RULER, LongBench or a JSONL dataset"
+#: how the library's messages name this command's options
+SPELLING = {**FLAGS, "method": "--methods", "budget": "--budgets"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,19 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="dtype of the Critical selections' value norms (default: each method's own, 'auto')",
     )
-    p.add_argument(
-        "--kv-bits", type=int, choices=[16, 8, 4], default=None, help="store the kept entries in 8 or 4 bits"
-    )
-    add_storage_arguments(p)
-    p.add_argument(
-        "--decode-budget",
-        type=int,
-        default=None,
-        help="hold each compressed cache at N entries per KV head while it decodes (and while the answer is scored)",
-    )
-    p.add_argument(
-        "--decode-interval", type=int, default=None, help="re-select after K new entries per head (default 64)"
-    )
+    add_cache_arguments(p)
     add_head_scores_argument(p)
     p.add_argument("--out", type=Path, required=True, help="run folder (results.jsonl, run.json, summary.csv, plots)")
     p.add_argument(
@@ -96,23 +81,13 @@ def run(args: argparse.Namespace) -> int:
     head_scores = check_head_scores(args.head_scores)
     if head_scores is not None:
         kwargs["head_scores"] = str(head_scores)
-    try:
-        config = _config(args, tasks, kwargs)
-    except (TypeError, ValueError) as err:
-        if all(getattr(args, name) is None for name in UNDERSCORED_OPTIONS):
-            raise
-        raise UsageError(flag_names(str(err))) from None
+    config = _config(args, tasks, kwargs)
     if args.dataset:  # say how many lines of each task run (--samples is per task)
         from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
 
         print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
     check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
-    try:
-        scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
-    except ValueError as err:
-        if args.kv_bits is None:
-            raise
-        raise UsageError(flag_names(str(err))) from None  # e.g. a group size that does not divide the head dim
+    scale.run_sweep_from_args(args, config)  # here, or on Ray with --ray
     text, plots = build_report(args.out, buckets=args.longbench_e)
     print(text)
     print("plots: " + ", ".join(str(p) for p in plots))
@@ -136,11 +111,7 @@ def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         norm_precision=args.norm_precision,
-        kv_bits=None if args.kv_bits in (None, 16) else args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        kv_residual=args.kv_residual,
-        decode_budget=args.decode_budget,
-        decode_interval=args.decode_interval,
+        **cache_options(args),
         qa_source=args.qa_source,
         dataset=args.dataset,
         data_dir=args.data_dir,

@@ -7,10 +7,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from criticalkv.commands.cache_options import add_cache_arguments, spec_from_args
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
-from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, group_size_defaults, read_text_file
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
 from criticalkv.runtime import MODES
+
+if TYPE_CHECKING:
+    from criticalkv.runtime import GenerationResult
 
 NAME = "generate"
 HELP = "answer a question about a context with a compressed cache"
@@ -26,20 +31,7 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
     gen.add_argument("--max-new-tokens", type=int, default=32)
     gen.add_argument("--min-new-tokens", type=int, default=None, help="at least M new tokens (EOS ignored before)")
-    gen.add_argument(
-        "--decode-budget", type=int, default=None, help="hold the cache at N entries per KV head while generating"
-    )
-    gen.add_argument("--decode-interval", type=int, default=64, help="re-select after K new entries per head")
-    gen.add_argument(
-        "--kv-bits", type=int, choices=[16, 8, 4], default=16, help="store the kept entries in 8 or 4 bits"
-    )
-    gen.add_argument(
-        "--kv-group-size",
-        type=int,
-        default=None,
-        help=f"entries per quantization scale and zero point (default {group_size_defaults()})",
-    )
-    gen.add_argument("--kv-residual", type=int, default=None, help="newest tokens kept exact (default min(64, budget))")
+    add_cache_arguments(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_scores_argument(gen)
@@ -59,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.min_new_tokens <= args.max_new_tokens:
             raise UsageError("--min-new-tokens must be between 0 and --max-new-tokens")
         extra["min_new_tokens"] = args.min_new_tokens
-    if args.decode_budget is not None:
-        _check_decode(args)
+    from criticalkv.runtime import DEFAULT_WINDOWS
+
+    window = DEFAULT_WINDOWS[args.mode] if args.window is None else args.window
+    spec = spec_from_args(args, args.method, args.budget, window)  # every cache option, before the model loads
     from criticalkv.models import load_model
     from criticalkv.runtime import generate
 
@@ -72,27 +66,39 @@ def run(args: argparse.Namespace) -> int:
         tokenizer,
         context,
         args.question,
-        method=args.method,
-        budget=args.budget,
+        method=spec.method,
+        budget=spec.budget,
         mode=args.mode,
-        window=args.window,
+        window=spec.window,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         head_scores=head_scores,
-        decode_budget=args.decode_budget,
-        decode_interval=args.decode_interval,
-        kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        kv_residual=args.kv_residual,
+        **spec.options(),
         **extra,
     )
-    record = {
+    record = _record(result, args.model, load_s)
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(result.answers[0])
+        print(
+            f"[{result.method} @ {result.budget}, {result.mode}: {record['context_tokens']} context tokens, "
+            f"KV {result.kv_bytes / 2**20:.2f} MB of {result.kv_bytes_full / 2**20:.2f} MB, "
+            f"TTFT {result.ttft_s:.2f} s]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _record(result: GenerationResult, model: str, load_s: float) -> dict[str, Any]:
+    """The ``--json`` line: the answer, the configuration, the memory and the times."""
+    return {
         "answer": result.answers[0],
         "method": result.method,
         "budget": result.budget,
         "mode": result.mode,
         "window": result.window,
-        "model": args.model,
+        "model": model,
         "context_tokens": result.context_tokens[0],
         "question_tokens": result.question_tokens[0],
         "new_tokens": result.new_tokens[0],
@@ -109,28 +115,3 @@ def run(args: argparse.Namespace) -> int:
         "total_s": result.total_s,
         "load_s": load_s,
     }
-    if args.json:
-        print(json.dumps(record))
-    else:
-        print(result.answers[0])
-        print(
-            f"[{result.method} @ {result.budget}, {result.mode}: {record['context_tokens']} context tokens, "
-            f"KV {result.kv_bytes / 2**20:.2f} MB of {result.kv_bytes_full / 2**20:.2f} MB, "
-            f"TTFT {result.ttft_s:.2f} s]",
-            file=sys.stderr,
-        )
-    return 0
-
-
-def _check_decode(args: argparse.Namespace) -> None:
-    """The decode budget's errors before the model loads (the library checks the same again)."""
-    from criticalkv.cache.decode import check_decode_budget
-    from criticalkv.methods import get_method
-    from criticalkv.runtime import DEFAULT_WINDOWS
-
-    window = DEFAULT_WINDOWS[args.mode] if args.window is None else args.window
-    try:
-        check_decode_budget(get_method(args.method), window, args.decode_budget, args.decode_interval)
-    except ValueError as err:
-        flag = str(err).replace("decode_budget", "--decode-budget").replace("decode_interval", "--decode-interval")
-        raise UsageError(flag) from None

@@ -10,7 +10,6 @@ import argparse
 import os
 from pathlib import Path
 
-from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
 from criticalkv.commands.common import UsageError
 
 
@@ -48,38 +47,6 @@ def output_folder(path: Path, option: str) -> Path:
     if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: {existing} is not writable; choose another folder")
     return path
-
-
-def group_size_defaults() -> str:
-    """The default group size of each bit width, as the help strings say it: ``32 at 8 bits, 64 at 4 bits``."""
-    return ", ".join(f"{group} at {bits} bits" for bits, group in DEFAULT_GROUP_SIZES.items())
-
-
-def add_storage_arguments(p: argparse.ArgumentParser) -> None:
-    """``--kv-group-size`` and ``--kv-residual``: how ``--kv-bits`` quantizes (eval, bench, serve)."""
-    p.add_argument(
-        "--kv-group-size",
-        type=int,
-        default=None,
-        help=f"with --kv-bits: entries per scale and zero point (default {group_size_defaults()})",
-    )
-    p.add_argument(
-        "--kv-residual",
-        type=int,
-        default=None,
-        help=f"with --kv-bits: newest tokens kept exact (default min({DEFAULT_RESIDUAL}, budget))",
-    )
-
-
-#: options whose names the library's messages spell with underscores
-UNDERSCORED_OPTIONS = ("decode_budget", "decode_interval", "kv_bits", "kv_group_size", "kv_residual")
-
-
-def flag_names(message: str) -> str:
-    """A library message with the options spelled as the command line does (``--kv-group-size``)."""
-    for name in UNDERSCORED_OPTIONS:
-        message = message.replace(name, "--" + name.replace("_", "-"))
-    return message.replace("quantization group size", "quantization group size (--kv-group-size)")
 
 
 def add_head_scores_argument(p: argparse.ArgumentParser) -> None:

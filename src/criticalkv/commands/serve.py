@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from criticalkv.commands.cache_options import add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
-from criticalkv.commands.inputs import add_storage_arguments, flag_names
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
@@ -38,14 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="chat prompts of at least this many tokens are compressed beside the decode steps (0: all)",
     )
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
-    p.add_argument(
-        "--kv-bits",
-        type=int,
-        choices=[16, 8, 4],
-        default=16,
-        help="store every compressed context and answer cache in 8 or 4 bits (server-wide)",
-    )
-    add_storage_arguments(p)
+    add_cache_arguments(p, decode=False)  # server-wide: every compressed context and answer cache
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
@@ -76,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
     if args.memory_cap <= 0:
         raise UsageError("--memory-cap must be a positive number of MiB")
-    if args.kv_bits == 16 and (args.kv_group_size is not None or args.kv_residual is not None):
-        raise UsageError("--kv-group-size and --kv-residual set how --kv-bits quantizes: give --kv-bits 8 or 4 too")
+    storage = cache_options(args)
     config = ServerConfig(
         model_name=args.model,
         method=args.method,
@@ -93,17 +85,15 @@ def run(args: argparse.Namespace) -> int:
         offload_prompt_tokens=args.offload_prompt_tokens,
         store=args.store,
         api_key=api_key,
-        kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        kv_residual=args.kv_residual,
+        kv_bits=storage["kv_bits"] or 16,
+        kv_group_size=storage["kv_group_size"],
+        kv_residual=storage["kv_residual"],
     )
     try:
         config.compression(None, None, None)  # the defaults must lie within the limits
         config.quantization()  # and the storage options must be valid (the head dimension is checked at load)
     except APIError as error:
         raise UsageError(error.message) from error
-    except ValueError as error:
-        raise UsageError(flag_names(str(error))) from error
     if args.ray:
         return _run_on_ray(args, config)
     import uvicorn
@@ -111,10 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.models import load_model
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
-    try:
-        engine = Engine(model, tokenizer, config)
-    except ValueError as error:  # a group size that does not divide the head dimension, headkv without scores
-        raise UsageError(flag_names(str(error))) from error
+    engine = Engine(model, tokenizer, config)  # refuses a group size that does not divide the head dimension
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.compressed_cache import check_window
+from criticalkv.cache import DecodeBudget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quantized import default_group_size, quantization_for
+from criticalkv.cache.prefill_state import check_window
+from criticalkv.cache.quantized import KVQuantization, default_group_size, quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import LAYOUT
 from criticalkv.headscores.file import load_head_scores
 from criticalkv.methods import get_method
+from criticalkv.options import OptionError
 from criticalkv.runs import check_folder_path
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
 from criticalkv.scores.value_norms import NORM_PRECISIONS
@@ -115,14 +117,17 @@ class SweepConfig:
         if self.kv_bits is not None:
             quantization_for(self.kv_bits, **self.quantization_options())
         elif self.kv_group_size is not None or self.kv_residual is not None:
-            raise ValueError("kv_group_size and kv_residual set how kv_bits quantizes: give kv_bits 8 or 4 too")
+            raise OptionError(
+                "<kv_group_size> and <kv_residual> set how <kv_bits> quantizes: give <kv_bits> 8 or 4 too"
+            )
         self._check_decode()
 
     def _check_decode(self) -> None:
         if self.decode_budget is None:
             if self.decode_interval is not None:
-                raise ValueError(
-                    "a decode interval needs a decode budget: give decode_budget too, or drop the interval"
+                raise OptionError(
+                    "a decode interval (<decode_interval>) needs a decode budget: give <decode_budget> too, or drop "
+                    "the interval"
                 )
             return
         if self.decode_interval is None:
@@ -136,6 +141,19 @@ class SweepConfig:
         """The group size and residual given (``kv_group_size``/``kv_residual`` keywords of the cache)."""
         given = {"group_size": self.kv_group_size, "residual": self.kv_residual}
         return {k: v for k, v in given.items() if v is not None}
+
+    def storage(self, model_config: Any = None) -> KVQuantization | None:
+        """The quantization every compressed row is stored with (``None``: the model's dtype),
+        checked against ``model_config`` (a group size must divide its head dimension)."""
+        if self.kv_bits is None:
+            return None
+        return quantization_for(self.kv_bits, **self.quantization_options(), config=model_config)
+
+    def decode(self) -> DecodeBudget | None:
+        """The decode budget every compressed row is held at while it decodes, or ``None``."""
+        if self.decode_budget is None:
+            return None
+        return DecodeBudget(self.decode_budget, self.decode_interval or DEFAULT_INTERVAL)
 
     @property
     def bench(self) -> Benchmark:

@@ -12,7 +12,7 @@ compression. ``kv_bytes_peak`` is then the most the row's cache held during its 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,8 @@ import torch
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.batch import decode_budget_cache, row_kv_bytes, stacked_cache
 from criticalkv.cache.compressed_cache import CompressedCache
+from criticalkv.cache.quantized import KVQuantization
+from criticalkv.cache.spec import DecodeBudget
 from criticalkv.methods import Method
 from criticalkv.runtime import append_tokens, continue_generation, decode_answers, teacher_forced_logprobs
 from criticalkv.state import LayerState
@@ -63,21 +65,21 @@ def decode_configs(
     states: Sequence[LayerState],
     after: Continuation,
     configs: Sequence[tuple[Method, Budget]],
-    decode: tuple[int, int] | None = None,
-    storage: Mapping[str, Any] | None = None,
+    decode: DecodeBudget | None = None,
+    storage: KVQuantization | None = None,
 ) -> list[RowOutcome]:
-    """The outcome of every config, in order; ``decode``: (decode budget, interval) or ``None``;
-    ``storage``: the cache's storage options (``kv_bits`` etc.)."""
+    """The outcome of every config, in order; ``decode``: the decode budget or ``None``;
+    ``storage``: the cache's quantization or ``None``."""
     if decode is None:
-        cache, times = stacked_cache(states, configs, **(storage or {}))
+        cache, times = stacked_cache(states, configs, storage=storage)
         return _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=False, stepwise=False)
     outcomes: list[RowOutcome] = []
     for method, budget in configs:
         if method.compresses:
-            cache, seconds = decode_budget_cache(states, method, budget, *decode, **(storage or {}))
+            cache, seconds = decode_budget_cache(states, method, budget, decode, storage)
             times = [seconds]
         else:  # the full cache, the reference: it keeps every entry
-            cache, times = stacked_cache(states, [(method, budget)], **(storage or {}))
+            cache, times = stacked_cache(states, [(method, budget)], storage=storage)
         outcomes += _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=True, stepwise=True)
     return outcomes
 

@@ -17,17 +17,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache.quantized import quantization_for, storage_options
-from criticalkv.eval.config_rows import Continuation, decode_configs, reference_logprobs
-from criticalkv.eval.fidelity import fidelity
+from criticalkv.eval.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
+from criticalkv.eval.fidelity import Fidelity, fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
 from criticalkv.eval.store import is_done, result_key
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
-from criticalkv.runtime import eos_ids, input_device, prefill, repeat_prompt
-from criticalkv.scores.queries import resolve_num_queries
+from criticalkv.runtime import eos_ids, input_device, prompt_states, repeat_prompt
 
 if TYPE_CHECKING:
     from criticalkv.eval.config import SweepConfig
@@ -111,19 +109,20 @@ class SampleEvaluator:
         needs = NOTHING
         for bound in self.methods.values():
             needs = needs.merge(bound.needs)
-        self.queries_needed = needs.queries
-        budget, interval = config.decode_budget, config.decode_interval
-        #: (decode budget, interval) every compressed row is held at while it decodes, or ``None``
-        self.decode = None if budget is None or interval is None else (budget, interval)
-        self.decode_fields = {} if self.decode is None else {"decode_budget": budget, "decode_interval": interval}
-        # the storage options, checked against the model (a group size must divide its head dimension)
-        bits = config.kv_bits
-        spec = None if bits is None else quantization_for(bits, **config.quantization_options(), config=model.config)
-        self.storage = storage_options(spec)
-        given = {"kv_bits": bits, "kv_group_size": config.kv_group_size, "kv_residual": config.kv_residual}
+        #: what the prefill keeps for every method of the unit (queries; KVzip's reconstruction pass, once)
+        self.needs = needs
+        #: the decode budget every compressed row is held at while it decodes, or ``None``
+        self.decode = config.decode()
+        self.decode_fields = (
+            {}
+            if self.decode is None
+            else {"decode_budget": config.decode_budget, "decode_interval": self.decode.interval}
+        )
+        # the storage, checked against the model (a group size must divide its head dimension)
+        self.storage = config.storage(model.config)
+        given = {"kv_bits": config.kv_bits, "kv_group_size": config.kv_group_size, "kv_residual": config.kv_residual}
         self.storage_fields = {k: v for k, v in given.items() if v is not None}  # in each record, as set
-        # KVzip: one reconstruction pass per sample, shared by every method of the unit
-        self.reconstruction = repeat_prompt(tokenizer, config.chat) if needs.reconstruction else None
+        self.repeat = repeat_prompt(tokenizer, config.chat)
 
     def run_or_skip(
         self, length: int, sample: Sample, pending: Sequence[Pair]
@@ -143,40 +142,19 @@ class SampleEvaluator:
         """Result records of ``pending`` on ``sample``, in the order of ``pending`` (``full`` first if pending)."""
         if not pending:
             return []
-        config, model, tokenizer, device = self.config, self.model, self.tokenizer, self.device
+        config, model, tokenizer = self.config, self.model, self.tokenizer
         ctx, qst = encode_sample(tokenizer, sample, config.chat)
         gold = list(tokenizer(_gold_text(sample), add_special_tokens=False)["input_ids"])
         aware = config.mode == "question-aware"
         prompt = ctx + qst if aware else ctx
-        positions_needed = len(ctx) + len(qst) + max(min(sample.max_new_tokens, self.cap), len(gold))
-        if self.limit is not None and positions_needed > self.limit:
-            what = f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template "
-            advice = "shorten it" if config.bench.per_sample_length else "lower --lengths"
-            raise SampleTooLong(
-                f"{what}and answer), more than the model's {self.limit}; {advice}",
-                {
-                    "task": sample.task,
-                    "length": length,
-                    "index": sample.index,
-                    "reason": "too long",
-                    "positions": positions_needed,
-                    "limit": self.limit,
-                    "meta": sample.meta,
-                },
-            )
+        self._check_fits(length, sample, len(ctx) + len(qst) + max(min(sample.max_new_tokens, self.cap), len(gold)))
         ids, mask = left_pad([prompt], self.pad_id)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         started = time.perf_counter()
-        states, last_logits = prefill(
-            model,
-            ids,
-            mask,
-            window=self.window,
-            num_queries=resolve_num_queries(self.queries_needed, len(prompt)),
-            reconstruction=self.reconstruction,
+        states, last_logits = prompt_states(
+            model, ids, mask, self.needs, window=self.window, reconstruction=self.repeat
         )
         prefill_s = time.perf_counter() - started
-        metric = bind_metric(sample)
         after = Continuation(
             ids=ids,
             mask=mask,
@@ -193,39 +171,62 @@ class SampleEvaluator:
         storage = self.storage
         outcomes = decode_configs(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
         # quantized rows are measured against the unquantized full cache
-        reference = reference_logprobs(model, states, after, self.methods["full"]) if storage else outcomes[0].logprobs
-        records = []
-        for row, (method, budget) in enumerate(rows):
-            if row == 0 and ("full", 1.0) not in pending:
-                continue
-            done = outcomes[row]
-            answer = done.answer
-            fid = fidelity(done.logprobs, reference, gold)
-            extra = {} if done.kv_bytes_peak is None else {"kv_bytes_peak": done.kv_bytes_peak, **self.decode_fields}
-            records.append(
-                {
-                    **record_key(sample.task, length, sample.index, method, budget),
-                    "mode": config.mode,
-                    "metric": sample.metric,
-                    "score": metric(answer, sample.answers),
-                    "partial": char_credit(answer, sample.answers),
-                    "nll": fid.nll,
-                    "kl": fid.kl,
-                    "top1": fid.top1,
-                    "prediction": answer,
-                    "answers": sample.answers,
-                    "context_tokens": len(ctx),
-                    "prompt_tokens": len(prompt),
-                    "kv_bytes": done.kv_bytes,
-                    "kv_bytes_full": done.kv_bytes_full,
-                    "prefill_s": prefill_s,
-                    "compress_s": done.compress_s,
-                    "batch_decode_s": done.decode_s,
-                    "batch_rows": done.batch_rows,
-                    "new_tokens": done.new_tokens,
-                    **extra,
-                    **self.storage_fields,
-                    "meta": sample.meta,
-                }
-            )
-        return records
+        full = self.methods["full"]
+        reference = reference_logprobs(model, states, after, full) if storage is not None else outcomes[0].logprobs
+        shared = {"mode": config.mode, "context_tokens": len(ctx), "prompt_tokens": len(prompt), "prefill_s": prefill_s}
+        return [
+            self._record(length, sample, pair, outcomes[row], fidelity(outcomes[row].logprobs, reference, gold), shared)
+            for row, pair in enumerate(rows)
+            if row > 0 or ("full", 1.0) in pending
+        ]
+
+    def _check_fits(self, length: int, sample: Sample, positions_needed: int) -> None:
+        """:class:`SampleTooLong` if the prompt, chat template and answer need more positions than the model has."""
+        if self.limit is None or positions_needed <= self.limit:
+            return
+        what = f"{sample.task} sample {sample.index} needs {positions_needed} positions (prompt, chat template "
+        advice = "shorten it" if self.config.bench.per_sample_length else "lower --lengths"
+        raise SampleTooLong(
+            f"{what}and answer), more than the model's {self.limit}; {advice}",
+            {
+                "task": sample.task,
+                "length": length,
+                "index": sample.index,
+                "reason": "too long",
+                "positions": positions_needed,
+                "limit": self.limit,
+                "meta": sample.meta,
+            },
+        )
+
+    def _record(
+        self, length: int, sample: Sample, pair: Pair, done: RowOutcome, fid: Fidelity, shared: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One result line: the config's answer, its score, fidelity, memory and times."""
+        method, budget = pair
+        answer = done.answer
+        extra = {} if done.kv_bytes_peak is None else {"kv_bytes_peak": done.kv_bytes_peak, **self.decode_fields}
+        return {
+            **record_key(sample.task, length, sample.index, method, budget),
+            "mode": shared["mode"],
+            "metric": sample.metric,
+            "score": bind_metric(sample)(answer, sample.answers),
+            "partial": char_credit(answer, sample.answers),
+            "nll": fid.nll,
+            "kl": fid.kl,
+            "top1": fid.top1,
+            "prediction": answer,
+            "answers": sample.answers,
+            "context_tokens": shared["context_tokens"],
+            "prompt_tokens": shared["prompt_tokens"],
+            "kv_bytes": done.kv_bytes,
+            "kv_bytes_full": done.kv_bytes_full,
+            "prefill_s": shared["prefill_s"],
+            "compress_s": done.compress_s,
+            "batch_decode_s": done.decode_s,
+            "batch_rows": done.batch_rows,
+            "new_tokens": done.new_tokens,
+            **extra,
+            **self.storage_fields,
+            "meta": sample.meta,
+        }

@@ -6,12 +6,15 @@
   greedy continuation, and the one end-of-sequence rule;
 * :mod:`~criticalkv.runtime.reconstruction` runs KVzip's context-reconstruction pass for methods
   that declare ``needs.reconstruction``;
+* :mod:`~criticalkv.runtime.compress` is the one way to compress a prompt (:func:`compress_prompt`,
+  :func:`prompt_states`): the only reader of what a method needs from the prefill;
 * :mod:`~criticalkv.runtime.generate` answers questions about contexts (:func:`generate`);
 * :mod:`~criticalkv.runtime.rows` decodes separate caches as the rows of one batch (:func:`decode_rows`;
   :func:`append_rows` appends several tokens per row, the batched start).
 """
 
 from criticalkv.runtime.attach import attach
+from criticalkv.runtime.compress import compress_prompt, compresses_in_prefill, prompt_states
 from criticalkv.runtime.forward import (
     append_tokens,
     capture_prefill,
@@ -40,6 +43,8 @@ __all__ = [
     "capture_prefill",
     "check_mode",
     "check_positions",
+    "compress_prompt",
+    "compresses_in_prefill",
     "continue_generation",
     "decode_answers",
     "decode_rows",
@@ -49,6 +54,7 @@ __all__ = [
     "position_limit",
     "prefill",
     "prefill_into",
+    "prompt_states",
     "reconstruct",
     "repeat_prompt",
     "teacher_forced_logprobs",

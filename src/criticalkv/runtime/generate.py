@@ -11,23 +11,18 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
-from criticalkv.cache.compressed_cache import CompressedCache, check_window
-from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.quantized import (
-    bits_per_element,
-    check_quantized_decode,
-    quantization_for,
-    storage_options,
-)
+from criticalkv.budgets.resolve import Budget, resolve_budget
+from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
+from criticalkv.cache.decode import DEFAULT_INTERVAL
+from criticalkv.cache.quantized import bits_per_element
 from criticalkv.compat import cache_argument
-from criticalkv.methods import HeadScoresArg, Method, bind, get_method
+from criticalkv.methods import HeadScoresArg, Method
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime.attach import attach
-from criticalkv.runtime.forward import continue_generation, decode_answers, eos_ids, input_device, prefill, prefill_into
+from criticalkv.runtime.compress import compress_prompt, compresses_in_prefill
+from criticalkv.runtime.forward import continue_generation, decode_answers, eos_ids, input_device
 from criticalkv.runtime.limits import check_positions
 from criticalkv.runtime.reconstruction import repeat_prompt
-from criticalkv.scores.queries import resolve_num_queries
 
 logger = logging.getLogger(__name__)
 
@@ -147,19 +142,82 @@ def generate(
         Before the model runs, if a prompt plus ``max_new_tokens`` exceeds the model's positions.
     """
     mode = check_mode(mode)
-    method = bind(get_method(method), model, head_scores)  # once, before the cache exists
-    budget = validate_budget(budget)
-    window = check_window(DEFAULT_WINDOWS[mode] if window is None else window)
+    options: dict[str, Any] = {"decode_budget": decode_budget, "decode_interval": decode_interval, "kv_bits": kv_bits}
+    options.update(kv_group_size=kv_group_size, kv_residual=kv_residual)
+    spec = CacheSpec.of(
+        method, budget, DEFAULT_WINDOWS[mode] if window is None else window, config=model.config, **options
+    )
+    spec = bind_spec(spec, model, head_scores)  # once, before the cache exists
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
-    if decode_budget is not None:
-        check_decode_budget(method, window, decode_budget, decode_interval)
-    quantization = quantization_for(kv_bits, kv_group_size, kv_residual, budget, config=model.config)
-    check_quantized_decode(quantization, decode_budget)
+    attach(model)
+    prompts = _encode(
+        model, tokenizer, context, question, chat=chat, mode=mode, spec=spec, max_new_tokens=max_new_tokens
+    )
+    kwargs: dict[str, Any] = {"do_sample": False, "pad_token_id": prompts.pad_id}
+    kwargs.update(generate_kwargs)
+    start = time.perf_counter()
+    cache, clock, output = _answer(model, tokenizer, prompts, spec, chat=chat, max_new_tokens=max_new_tokens, **kwargs)
+    total = time.perf_counter() - start
+    answers, counts = decode_answers(tokenizer, output[:, prompts.ids.shape[1] :], eos_ids(model, tokenizer))
+    return GenerationResult(
+        answers=answers,
+        method=spec.method.name,
+        budget=spec.budget,
+        mode=mode,
+        window=spec.window,
+        context_tokens=[len(c) for c, _ in prompts.pairs],
+        question_tokens=[len(q) for _, q in prompts.pairs],
+        kv_bytes=clock.kv_bytes_at_first or cache.kv_bytes(),
+        kv_bytes_full=clock.kv_bytes_full_at_first or cache.kv_bytes_full(),
+        ttft_s=(clock.first_at - start) if clock.first_at is not None else total,
+        total_s=total,
+        new_tokens=counts,
+        kv_bytes_peak=cache.kv_bytes_peak(),
+        kv_bytes_final=cache.kv_bytes(),
+        **_spec_fields(spec),
+        kv_bits_per_element=bits_per_element(cache),
+    )
+
+
+def _spec_fields(spec: CacheSpec) -> dict[str, Any]:
+    """The decode budget and storage fields of a :class:`GenerationResult`."""
+    decode = spec.decode
+    return {
+        "decode_budget": None if decode is None else decode.budget,
+        "decode_interval": None if decode is None else decode.interval,
+        "kv_bits": spec.kv_bits,
+    }
+
+
+@dataclass
+class _Prompts:
+    """The encoded batch: each row's (context, question) ids, the left-padded prompt (B, T) on the
+    model's device, and how many of its columns are compressed (all of them, or the contexts')."""
+
+    pairs: list[tuple[list[int], list[int]]]
+    ids: torch.Tensor
+    mask: torch.Tensor
+    compressed: int
+    pad_id: int
+    aware: bool
+
+
+def _encode(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    context: str | Sequence[str],
+    question: str | Sequence[str],
+    *,
+    chat: bool,
+    mode: str,
+    spec: CacheSpec,
+    max_new_tokens: int,
+) -> _Prompts:
+    """Encode and left-pad the batch, refusing prompts the model or the spec cannot take (before the prefill)."""
     contexts, questions = _as_list(context, "context"), _as_list(question, "question")
     if len(contexts) != len(questions):
         raise ValueError(f"got {len(contexts)} contexts but {len(questions)} questions")
-    attach(model)
     pairs = [encode_pair(tokenizer, c, q, chat) for c, q in zip(contexts, questions, strict=True)]
     check_positions(
         model,
@@ -168,78 +226,73 @@ def generate(
         what="the prompt (context, question and chat template)",
         fix="shorten the context (keep the part the question needs) or lower max_new_tokens (--max-new-tokens)",
     )
+    aware = mode == "question-aware"
+    _check_compressible(spec, min(len(c) + len(q) if aware else len(c) for c, q in pairs), aware)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = input_device(model)
-    decode = {} if decode_budget is None else {"decode_budget": decode_budget, "decode_interval": decode_interval}
-    storage = storage_options(quantization)
-    compressed = [c + q for c, q in pairs] if mode == "question-aware" else [c for c, _ in pairs]
-    shortest = min(len(s) for s in compressed)
-    if quantization is not None:  # an explicit residual longer than the budget: refused before the prefill
-        quantization.check_budget(int(resolve_budget(budget, torch.tensor([shortest]), window)[0]))
-    if shortest < window:
-        raise ValueError(
-            f"the {'prompt' if mode == 'question-aware' else 'context'} has {shortest} tokens, fewer than "
-            f"the observation window ({window}); use a longer context or a smaller --window"
-        )
-    full_ids, full_mask = left_pad([c + q for c, q in pairs], pad_id)
-    if mode == "question-agnostic":
+    ids, mask = left_pad([c + q for c, q in pairs], pad_id)
+    compressed = ids.shape[1]
+    if not aware:  # the contexts padded on their own, the questions appended after them
         ctx_ids, ctx_mask = left_pad([c for c, _ in pairs], pad_id)
         q_ids, q_mask = left_pad([q for _, q in pairs], pad_id)
-        full_ids, full_mask = torch.cat([ctx_ids, q_ids], 1), torch.cat([ctx_mask, q_mask], 1)
-    full_ids, full_mask = full_ids.to(device), full_mask.to(device)
-    n_cmp = ctx_ids.shape[1] if mode == "question-agnostic" else full_ids.shape[1]
-    kwargs: dict[str, Any] = {"do_sample": False, "pad_token_id": pad_id}
-    kwargs.update(generate_kwargs)
-    start = time.perf_counter()
-    if method.needs.reconstruction:  # KVzip: capture the prefill, run the reconstruction pass, compress
-        states, last = prefill(
-            model,
-            full_ids[:, :n_cmp],
-            full_mask[:, :n_cmp],
-            window=window,
-            num_queries=resolve_num_queries(method.needs.queries, n_cmp),
-            reconstruction=repeat_prompt(tokenizer, chat),
+        ids, mask, compressed = torch.cat([ctx_ids, q_ids], 1), torch.cat([ctx_mask, q_mask], 1), ctx_ids.shape[1]
+    device = input_device(model)
+    return _Prompts(pairs, ids.to(device), mask.to(device), int(compressed), pad_id, aware)
+
+
+def _check_compressible(spec: CacheSpec, shortest: int, aware: bool) -> None:
+    """The shortest compressed row holds the window, and an explicit residual fits its budget."""
+    if spec.storage is not None:  # an explicit residual longer than the budget: refused before the prefill
+        spec.storage.check_budget(int(resolve_budget(spec.budget, torch.tensor([shortest]), spec.window)[0]))
+    if shortest < spec.window:
+        raise ValueError(
+            f"the {'prompt' if aware else 'context'} has {shortest} tokens, fewer than "
+            f"the observation window ({spec.window}); use a longer context or a smaller --window"
         )
-        cache = CompressedCache.from_states(states, method, budget, window=window, **storage)
-    else:
-        cache = CompressedCache(model.config.num_hidden_layers, method, budget, window=window, **decode, **storage)
-        if mode == "question-agnostic":
-            prefill_into(model, cache, full_ids[:, :n_cmp], full_mask[:, :n_cmp])
-    clock = _FirstTokenClock(cache)
-    if method.needs.reconstruction and mode == "question-aware":  # the prompt is cached: its next token is known
-        first = last.argmax(-1)
-        clock.put(full_ids)
-        clock.put(first)
-        new = continue_generation(model, cache, full_ids, full_mask, first, max_new_tokens, streamer=clock, **kwargs)
-        output = torch.cat([full_ids, new], dim=1)
-    else:
-        output = model.generate(
-            input_ids=full_ids,
-            attention_mask=full_mask,
+
+
+def _answer(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: _Prompts,
+    spec: CacheSpec,
+    *,
+    chat: bool,
+    max_new_tokens: int,
+    **kwargs: Any,
+) -> tuple[CompressedCache, _FirstTokenClock, torch.Tensor]:
+    """Compress and generate: the cache, the first-token clock and the (B, T + n) output ids.
+
+    A question-aware prompt whose method selects during the prefill goes through
+    ``model.generate`` with an empty cache; otherwise :func:`compress_prompt` compresses the
+    prompt (or the contexts) first and generation continues from it.
+    """
+    ids, mask, n = prompts.ids, prompts.mask, prompts.compressed
+    if prompts.aware and compresses_in_prefill(spec.method):
+        cache = CompressedCache.from_spec(model.config.num_hidden_layers, spec)
+        clock = _FirstTokenClock(cache)
+        generate = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
             **cache_argument(model, cache),
             max_new_tokens=max_new_tokens,
             streamer=clock,
             **kwargs,
         )
-    total = time.perf_counter() - start
-    answers, counts = decode_answers(tokenizer, output[:, full_ids.shape[1] :], eos_ids(model, tokenizer))
-    return GenerationResult(
-        answers=answers,
-        method=method.name,
-        budget=budget,
-        mode=mode,
-        window=window,
-        context_tokens=[len(c) for c, _ in pairs],
-        question_tokens=[len(q) for _, q in pairs],
-        kv_bytes=clock.kv_bytes_at_first or cache.kv_bytes(),
-        kv_bytes_full=clock.kv_bytes_full_at_first or cache.kv_bytes_full(),
-        ttft_s=(clock.first_at - start) if clock.first_at is not None else total,
-        total_s=total,
-        new_tokens=counts,
-        kv_bytes_peak=cache.kv_bytes_peak(),
-        kv_bytes_final=cache.kv_bytes(),
-        decode_budget=decode_budget,
-        decode_interval=None if decode_budget is None else decode_interval,
-        kv_bits=16 if quantization is None else quantization.bits,
-        kv_bits_per_element=bits_per_element(cache),
-    )
+        return cache, clock, generate
+    cache, last = compress_prompt(model, ids[:, :n], mask[:, :n], spec, reconstruction=repeat_prompt(tokenizer, chat))
+    clock = _FirstTokenClock(cache)
+    if not prompts.aware:  # the questions are appended to the compressed contexts
+        output = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **cache_argument(model, cache),
+            max_new_tokens=max_new_tokens,
+            streamer=clock,
+            **kwargs,
+        )
+        return cache, clock, output
+    first = last.argmax(-1)  # the prompt is cached: its next token is known
+    clock.put(ids)
+    clock.put(first)
+    new = continue_generation(model, cache, ids, mask, first, max_new_tokens, streamer=clock, **kwargs)
+    return cache, clock, torch.cat([ids, new], dim=1)

@@ -10,7 +10,6 @@ queries, at least the window) or :data:`ALL_QUERIES` (every prompt query, e.g. H
 from __future__ import annotations
 
 from criticalkv.needs import ALL_QUERIES, QueriesNeeded
-from criticalkv.needs import check_queries_needed as check_queries_needed  # cache/capture.py still imports it here
 from criticalkv.state import LayerState
 
 __all__ = ["require_all_queries", "resolve_num_queries"]

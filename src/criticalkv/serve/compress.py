@@ -9,11 +9,10 @@ from typing import Any
 import torch
 
 from criticalkv.budgets.resolve import resolve_budget
-from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.quantized import KVQuantization, storage_options
+from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.methods import bind, get_method
-from criticalkv.runtime import RepeatPrompt, input_device, prefill, prefill_into
-from criticalkv.scores.queries import resolve_num_queries
+from criticalkv.runtime import RepeatPrompt, compress_prompt, input_device
 from criticalkv.serve.errors import invalid
 
 
@@ -77,16 +76,9 @@ def compress(
     repeat: RepeatPrompt,
 ) -> tuple[CompressedCache, torch.Tensor]:
     """``ids`` (one row) compressed by ``method`` at ``budget``: the cache and the (V,) logits that
-    follow the last token. Methods that read a context-reconstruction pass (KVzip,
-    ``needs.reconstruction``) get one with ``repeat`` after a captured prefill, as
-    :func:`criticalkv.generate` runs it; the others compress during the prefill."""
-    bound = bind(get_method(method), model)
-    storage = storage_options(quantization)
+    follow the last token, by :func:`criticalkv.runtime.compress_prompt` (KVzip's
+    context-reconstruction pass with ``repeat``)."""
+    spec = bind_spec(CacheSpec(get_method(method), budget, window, storage=quantization), model)
     tensor = torch.tensor([ids], dtype=torch.long, device=input_device(model))
-    mask = torch.ones_like(tensor)
-    if bound.needs.reconstruction:
-        queries = resolve_num_queries(bound.needs.queries, len(ids))
-        states, last = prefill(model, tensor, mask, window=window, num_queries=queries, reconstruction=repeat)
-        return CompressedCache.from_states(states, bound, budget, window=window, **storage), last[0]
-    cache = CompressedCache(model.config.num_hidden_layers, bound, budget, window=window, **storage)
-    return cache, prefill_into(model, cache, tensor, mask)[0]
+    cache, last = compress_prompt(model, tensor, torch.ones_like(tensor), spec, reconstruction=repeat)
+    return cache, last[0]

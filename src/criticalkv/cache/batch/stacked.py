@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.decode import DecodeCompression
-from criticalkv.methods import Method
+from criticalkv.cache.quantized import KVQuantization
+from criticalkv.cache.spec import CacheSpec, DecodeBudget
+from criticalkv.methods import Method, get_method
 from criticalkv.state import LayerState
 
 
@@ -34,10 +35,10 @@ def stacked_cache(
     states: Sequence[LayerState],
     configs: Sequence[tuple[Method, Budget]],
     at_most: int | None = None,
-    **storage: Any,
+    storage: KVQuantization | None = None,
 ) -> tuple[CompressedCache, list[float]]:
-    """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``
-    (``storage``: ``kv_bits`` etc., see :class:`CompressedCache`).
+    """One cache whose row ``i`` is the single-row prompt of ``states`` compressed by ``configs[i]``,
+    stored as ``storage`` says (``None``: the model's dtype).
 
     ``at_most`` caps every config's entries per KV head on average (a decode budget). Returns the
     cache and the selection time of each config (seconds).
@@ -51,7 +52,8 @@ def stacked_cache(
         per_config.append(keep_masks(states, method, budget, at_most))
         times.append(time.perf_counter() - start)
     k = len(configs)
-    cache = CompressedCache(len(states), "full", 1.0, window=states[0].window, **storage)
+    spec = CacheSpec(get_method("full"), 1.0, states[0].window, storage=storage)
+    cache = CompressedCache.from_spec(len(states), spec)
     cache.real_prompt_tokens = states[0].lengths.repeat(k)
     for i, (layer, state) in enumerate(zip(cache.compressed_layers, states, strict=True)):
         keep = torch.cat([masks[i] for masks in per_config], dim=0)
@@ -63,20 +65,19 @@ def decode_budget_cache(
     states: Sequence[LayerState],
     method: Method,
     budget: Budget,
-    decode_budget: int,
-    decode_interval: int,
-    **storage: Any,
+    decode: DecodeBudget,
+    storage: KVQuantization | None = None,
 ) -> tuple[CompressedCache, float]:
     """A one-row cache of the prompt of ``states`` compressed by ``method`` at ``budget``, then held at
-    ``decode_budget`` entries per KV head while it decodes (see
+    ``decode.budget`` entries per KV head while it decodes (see
     :class:`~criticalkv.cache.decode.budget.DecodeCompression`).
 
     A decode budget re-selects with one method per cache, so such a config is not stacked with
-    others. ``storage``: the storage options (``kv_bits`` etc.). Returns the cache and the
+    others. ``storage``: the quantization or ``None``. Returns the cache and the
     prompt's selection time (seconds).
     """
-    cache, times = stacked_cache(states, [(method, budget)], decode_budget, **storage)
-    held = DecodeCompression(method, decode_budget, decode_interval, cache.window, len(states))
+    cache, times = stacked_cache(states, [(method, budget)], decode.budget, storage)
+    held = DecodeCompression(method, decode.budget, decode.interval, cache.window, len(states))
     held.install(cache.compressed_layers)
     for layer, state in zip(cache.compressed_layers, states, strict=True):
         held.after_prefill(layer, state)

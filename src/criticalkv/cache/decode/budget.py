@@ -28,6 +28,7 @@ import torch
 from criticalkv.cache.decode.reselect import kept_in_order, reselect, tail_entries
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.methods import Method
+from criticalkv.options import OptionError, OptionTypeError
 from criticalkv.scores.value_norms import norm_dtype, norms_memo_key, projected_value_norms
 from criticalkv.state import LayerState
 
@@ -39,28 +40,36 @@ DEFAULT_INTERVAL = 64
 def check_decode_budget(method: Method, window: int, budget: object, interval: object) -> tuple[int, int]:
     """Validate a decode budget and interval for ``method`` (before any work); returns them."""
     if isinstance(budget, bool) or not isinstance(budget, int):
-        raise TypeError(f"decode_budget must be a token count per KV head (an int), not {budget!r}")
+        raise OptionTypeError(
+            "<decode_budget> must be a token count per KV head (an int), not {budget!r}", budget=budget
+        )
     if budget < window:
-        raise ValueError(
-            f"decode_budget {budget} is below the observation window ({window} tokens), which is always "
-            f"kept; pass a decode budget of at least {window} or lower the window"
+        raise OptionError(
+            "<decode_budget> {budget} is below the observation window ({window} tokens), which is always "
+            "kept; pass a decode budget of at least {window} or lower the <window>",
+            budget=budget,
+            window=window,
         )
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(
-            f"decode_interval must be a positive number of tokens (re-select after that many new entries "
-            f"per head), not {interval!r}; e.g. 64"
+        raise OptionError(
+            "<decode_interval> must be a positive number of tokens (re-select after that many new entries "
+            "per head), not {interval!r}; e.g. 64",
+            interval=interval,
         )
     if not method.compresses:
-        raise ValueError(
-            f"method {method.name!r} keeps every entry, so it cannot hold a decode budget; pick a compressing "
-            "method (e.g. critical-adakv), or drop the decode budget"
+        raise OptionError(
+            "method {name!r} keeps every entry, so it cannot hold a decode budget; pick a compressing "
+            "<method> (e.g. critical-adakv), or drop the <decode_budget>",
+            name=method.name,
         )
     if method.needs.prefill_only:
         why = "its budgets span all layers" if method.needs.cross_layer else "its scores read every prompt query"
-        raise ValueError(
-            f"method {method.name!r} cannot re-select while decoding ({why}; decode-time compression keeps "
-            "only the last window of queries and re-selects one layer at a time); use it without a decode "
-            "budget, or pick another method (e.g. snapkv, critical-adakv, defensivekv)"
+        raise OptionError(
+            "method {name!r} cannot re-select while decoding ({why}; decode-time compression keeps "
+            "only the last window of queries and re-selects one layer at a time); use it without a "
+            "<decode_budget>, or pick another <method> (e.g. snapkv, critical-adakv, defensivekv)",
+            name=method.name,
+            why=why,
         )
     return budget, interval
 

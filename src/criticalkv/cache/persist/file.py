@@ -28,6 +28,7 @@ from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist.atomic_write import save_atomically
 from criticalkv.cache.persist.fingerprint import model_fingerprint, tokenizer_fingerprint
 from criticalkv.cache.quantized import KVQuantization, storage_options
+from criticalkv.cache.spec import CacheSpec
 from criticalkv.cache.storage import Geometry
 from criticalkv.methods import Method, bind, get_method
 
@@ -53,7 +54,8 @@ class _Cache(Protocol):
     budget_tokens: torch.Tensor | None
     quantization: KVQuantization | None
 
-    def __init__(self, num_layers: int, method: Method, budget: Any, window: int, **storage: Any) -> None: ...
+    @classmethod
+    def from_spec(cls, num_layers: int, spec: CacheSpec) -> Any: ...
 
     @property
     def compressed_layers(self) -> list[CompressedLayer]: ...
@@ -220,7 +222,7 @@ def load_cache(
     method = get_method(header["method"])
     changed = {k: v for k, v in header["method_options"].items() if method.options().get(k, v) != v}
     bound, storage = bind(method.with_options(**changed), model), header.get("storage", {})
-    cache = cls(header["num_layers"], bound, header["budget"], header["window"], **storage)
+    cache: C = cls.from_spec(header["num_layers"], CacheSpec.of(bound, header["budget"], header["window"], **storage))
     cache.real_prompt_tokens = tensors["real_prompt_tokens"].to(where)
     cache.budget_tokens = tensors["budget_tokens"].to(where)
     for i, (layer, info) in enumerate(zip(cache.compressed_layers, header["layers"], strict=True)):

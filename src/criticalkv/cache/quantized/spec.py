@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.cache.quantized.codec import SUPPORTED_BITS
+from criticalkv.options import OptionError, OptionTypeError
 
 #: entries (keys: tokens, values: channels) sharing one scale and zero point, per bit width, chosen
 #: by measurement (docs/results/quantized-storage.md): 8 bits at 64 moved the NLL by 0.011 nats/token
@@ -37,34 +38,46 @@ class KVQuantization:
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or self.bits not in SUPPORTED_BITS:
-            raise ValueError(f"kv_bits must be 16 (not quantized), 8 or 4, not {self.bits!r}")
+            raise OptionError("<kv_bits> must be 16 (not quantized), 8 or 4, not {bits!r}", bits=self.bits)
         if self.group_size is None:
             object.__setattr__(self, "group_size", default_group_size(self.bits))
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ValueError(f"the quantization group size must be a positive integer, not {self.group_size!r}")
+            raise OptionError(
+                "the quantization group size (<kv_group_size>) must be a positive integer, not {group!r}",
+                group=self.group_size,
+            )
         if self.residual is not None and (
             isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0
         ):
-            raise ValueError(f"the full-precision residual must be a non-negative integer, not {self.residual!r}")
+            raise OptionError(
+                "the full-precision residual (<kv_residual>) must be a non-negative integer, not {residual!r}",
+                residual=self.residual,
+            )
 
     def check_head_dim(self, head_dim: int) -> None:
         """A clear error if the group size neither divides the head dimension nor is a multiple of it."""
         if head_dim % self.group_size and self.group_size % head_dim:
-            raise ValueError(
-                f"the quantization group size {self.group_size} does not divide the head dimension {head_dim}: "
-                f"pick a divisor of {head_dim} (e.g. {_largest_divisor(head_dim, self.group_size)}) or a multiple"
+            raise OptionError(
+                "the quantization group size (<kv_group_size>) {group} does not divide the head dimension {dim}: "
+                "pick a divisor of {dim} (e.g. {divisor}) or a multiple",
+                group=self.group_size,
+                dim=head_dim,
+                divisor=_largest_divisor(head_dim, self.group_size),
             )
         if self.bits == 4 and head_dim % 2:
-            raise ValueError(
-                f"4-bit storage packs two channels a byte and needs an even head dimension, not {head_dim}"
+            raise OptionError(
+                "4-bit storage (<kv_bits> 4) packs two channels a byte and needs an even head dimension, not {dim}",
+                dim=head_dim,
             )
 
     def check_budget(self, budget_tokens: int) -> None:
         """A clear error if an explicit residual is longer than the smallest per-head budget."""
         if self.residual is not None and self.residual > budget_tokens:
-            raise ValueError(
-                f"the full-precision residual ({self.residual} tokens) is longer than the budget "
-                f"({budget_tokens} entries per head): pass kv_residual <= {budget_tokens} or a larger budget"
+            raise OptionError(
+                "the full-precision residual ({residual} tokens) is longer than the budget ({budget} entries per "
+                "head): pass <kv_residual> <= {budget} or a larger <budget>",
+                residual=self.residual,
+                budget=budget_tokens,
             )
 
     def residual_for(self, budget_tokens: int | None) -> int:
@@ -77,7 +90,7 @@ class KVQuantization:
 def default_group_size(bits: int) -> int:
     """The group size ``bits``-bit storage uses when none is given (:data:`DEFAULT_GROUP_SIZES`)."""
     if isinstance(bits, bool) or bits not in DEFAULT_GROUP_SIZES:
-        raise ValueError(f"quantized storage has 8 or 4 bits, not {bits!r}")
+        raise OptionError("quantized storage has 8 or 4 bits (<kv_bits>), not {bits!r}", bits=bits)
     return DEFAULT_GROUP_SIZES[bits]
 
 
@@ -108,7 +121,7 @@ def quantization_for(
     ``budget`` (a token count) and ``config`` (the model's) are checked when given, before any work.
     """
     if isinstance(kv_bits, bool) or not isinstance(kv_bits, int):
-        raise TypeError(f"kv_bits must be an integer (16, 8 or 4), not {kv_bits!r}")
+        raise OptionTypeError("<kv_bits> must be an integer (16, 8 or 4), not {bits!r}", bits=kv_bits)
     if kv_bits in UNQUANTIZED_BITS:
         return None
     if group_size is None:  # the bit width's default, resolved (and the width checked) by the spec
@@ -130,9 +143,11 @@ def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | Non
     score them, and the kept ones quantized again (:mod:`~criticalkv.cache.decode.reselect`).
     """
     if spec is not None and decode_budget is not None and spec.residual is not None and spec.residual > decode_budget:
-        raise ValueError(
-            f"the full-precision residual ({spec.residual} tokens) is longer than the decode budget "
-            f"({decode_budget} entries per head): pass kv_residual <= {decode_budget} or a larger decode budget"
+        raise OptionError(
+            "the full-precision residual ({residual} tokens) is longer than the decode budget ({budget} entries "
+            "per head): pass <kv_residual> <= {budget} or a larger <decode_budget>",
+            residual=spec.residual,
+            budget=decode_budget,
         )
 
 

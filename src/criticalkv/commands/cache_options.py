@@ -1,0 +1,103 @@
+"""The cache's options on the command line, defined once for every command that builds a cache.
+
+:func:`add_cache_arguments` declares ``--decode-budget``, ``--decode-interval``, ``--kv-bits``,
+``--kv-group-size`` and ``--kv-residual`` (one definition, one default each);
+:func:`spec_from_args` turns them, with a method, budget and window, into a checked
+:class:`~criticalkv.cache.CacheSpec`. The library's :class:`~criticalkv.options.OptionError`
+names options through its template, so a command's message names its flags
+(:data:`FLAGS`, or a command's own ``SPELLING``) without rewriting any text.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from criticalkv.cache.decode import DEFAULT_INTERVAL
+from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
+from criticalkv.cache.spec import SPEC_OPTIONS, CacheSpec
+from criticalkv.commands.common import UsageError
+from criticalkv.options import OptionError, flag_spelling
+
+#: the flags that spell the cache's options (``kv_residual`` -> ``--kv-residual``)
+FLAGS: dict[str, str] = flag_spelling(*SPEC_OPTIONS)
+#: the storage precisions ``--kv-bits`` takes (16: the model's dtype, not quantized)
+KV_BITS = (16, 8, 4)
+
+
+def group_size_defaults() -> str:
+    """The default group size of each bit width, as the help strings say it: ``32 at 8 bits, 64 at 4 bits``."""
+    return ", ".join(f"{group} at {bits} bits" for bits, group in DEFAULT_GROUP_SIZES.items())
+
+
+def add_cache_arguments(p: argparse.ArgumentParser, *, decode: bool = True) -> None:
+    """The storage options and, with ``decode``, the decode budget's (the server has none)."""
+    if decode:
+        p.add_argument(
+            "--decode-budget",
+            type=int,
+            default=None,
+            metavar="N",
+            help="hold each cache at N entries per KV head while it decodes (default: keep every generated entry)",
+        )
+        p.add_argument(
+            "--decode-interval",
+            type=int,
+            default=None,
+            metavar="K",
+            help=f"with --decode-budget: re-select after K new entries per head (default {DEFAULT_INTERVAL})",
+        )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        default=16,
+        help="store the kept entries in 8 or 4 bits (default 16: the model's dtype)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=None,
+        help=f"with --kv-bits 8 or 4: entries per scale and zero point (default {group_size_defaults()})",
+    )
+    p.add_argument(
+        "--kv-residual",
+        type=int,
+        default=None,
+        help=f"with --kv-bits 8 or 4: newest tokens kept exact (default min({DEFAULT_RESIDUAL}, budget))",
+    )
+
+
+def cache_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The storage and decode keywords as given (``kv_bits`` ``None`` for 16; ``None``: not given),
+    refusing a group size, residual or interval without what it modifies."""
+    bits = None if args.kv_bits == 16 else args.kv_bits
+    if bits is None and (args.kv_group_size is not None or args.kv_residual is not None):
+        raise UsageError("--kv-group-size and --kv-residual set how --kv-bits quantizes: give --kv-bits 8 or 4 too")
+    options = {"kv_bits": bits, "kv_group_size": args.kv_group_size, "kv_residual": args.kv_residual}
+    if hasattr(args, "decode_budget"):
+        if args.decode_budget is None and args.decode_interval is not None:
+            raise UsageError("--decode-interval re-selects under a decode budget: give --decode-budget too")
+        options.update(decode_budget=args.decode_budget, decode_interval=args.decode_interval)
+    return options
+
+
+def spec_from_args(args: argparse.Namespace, method: Any, budget: Any, window: int, *, config: Any = None) -> CacheSpec:
+    """The checked spec of ``method`` at ``budget`` and ``window`` with the cache flags of ``args``
+    (``config``: the model's, to check the group size); errors name the flags."""
+    given = cache_options(args)
+    interval = given.get("decode_interval")
+    try:
+        return CacheSpec.of(
+            method,
+            budget,
+            window,
+            decode_budget=given.get("decode_budget"),
+            decode_interval=DEFAULT_INTERVAL if interval is None else interval,
+            kv_bits=16 if given["kv_bits"] is None else given["kv_bits"],
+            kv_group_size=given["kv_group_size"],
+            kv_residual=given["kv_residual"],
+            config=config,
+        )
+    except OptionError as error:
+        raise UsageError(error.spelled(FLAGS)) from None
