@@ -11,12 +11,12 @@ STAMP := $(VENV)/.criticalkv-installed
 
 # kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
 # with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too,
-# and the [plots] extra (matplotlib) for the bench's figure (tests/test_bench.py draws it)
+# and the [plots] extra (matplotlib) for the bench's figure (tests/bench/test_bench.py draws it)
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_PY := $(KVPRESS_VENV)/bin/python
 KVPRESS_STAMP := $(KVPRESS_VENV)/.criticalkv-installed
-KVPRESS_TESTS ?= tests/test_kvpress_agreement.py tests/test_kvpress_decode.py tests/test_bench.py tests/test_bench_kvpress_pairs.py \
-    tests/test_bench_kv_bits.py tests/test_hf_quantized.py
+KVPRESS_TESTS ?= tests/bench/test_kvpress_agreement.py tests/bench/test_kvpress_decode.py tests/bench/test_bench.py tests/bench/test_bench_kvpress_pairs.py \
+    tests/bench/test_bench_kv_bits.py tests/bench/test_hf_quantized.py
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -4,15 +4,16 @@ The ``--device`` option
 -----------------------
 ``pytest --device DEVICE`` runs the device tests on ``DEVICE``, any torch device string: ``cpu``
 (the default), ``cuda``, ``cuda:1``, ``mps``, ``xpu``. The device tests are the oracle
-(``tests/test_cache_oracle.py``), the library side of the loop-based references
-(``tests/test_reference_critical.py``; the references themselves run on the CPU in float64), the
-selection invariants (``tests/test_selection.py``) and the memory tests (``tests/test_memory.py``).
+(``tests/cache/test_cache_oracle.py``), the library side of the loop-based references
+(``tests/methods/test_reference_critical.py``; the references themselves run on the CPU in float64), the
+selection invariants (``tests/methods/test_selection.py``) and the memory tests (``tests/cache/test_memory.py``).
 They take the session fixture ``device``, build their tiny models and tensors on the CPU with the
 usual seeds (so every device sees the same weights and inputs) and move them there. Every other
 test runs on the CPU whatever the option says. For example::
 
-    PYTHONPATH=src python -m pytest --device cuda tests/test_cache_oracle.py tests/test_reference_critical.py \
-        tests/test_selection.py tests/test_memory.py -m "not slow"
+    PYTHONPATH=src python -m pytest --device cuda tests/cache/test_cache_oracle.py \
+        tests/methods/test_reference_critical.py tests/methods/test_selection.py tests/cache/test_memory.py \
+        -m "not slow"
 
 A device this machine lacks (``torch.cuda.is_available()`` false, ``cuda:3`` on a one-GPU machine)
 skips the device tests with the reason; a string that is no torch device, or a device type torch
@@ -36,7 +37,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-pytest_plugins = ("pytester",)  # tests/test_device_option.py runs pytest on the option
+pytest_plugins = ("pytester",)  # tests/repo/test_device_option.py runs pytest on the option
 
 VOCAB = 101
 _COMMON = dict(
@@ -157,7 +158,7 @@ def padded_batch(
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:
     """Tiny tensors run faster without torch's thread pool (and do not fight a busy machine)."""
-    from tests.random_state import one_thread
+    from tests.helpers.random_state import one_thread
 
     with one_thread():
         yield

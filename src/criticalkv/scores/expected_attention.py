@@ -31,7 +31,7 @@ class ExpectedAttention(Scorer):
 
     Where this differs from kvpress 0.5: the query statistics come from the model's actual queries
     (kvpress recomputes them from the hidden states with ``q_proj``, which gives the same queries,
-    query bias included: tests/test_kvpress_agreement.py), padding is excluded per row, and the
+    query bias included: tests/bench/test_kvpress_agreement.py), padding is excluded per row, and the
     sinks get their head's maximum rather than the batch's.
 
     Parameters

@@ -10,8 +10,10 @@ import torch
 
 from criticalkv.cache.layouts.attention import ragged_attention
 from criticalkv.cache.layouts.buckets import LengthBuckets
+from criticalkv.cache.layouts.paged import paged_prefix
 from criticalkv.cache.layouts.tiers import RaggedPrefix, build_prefix, restore_prefix
 from criticalkv.cache.storage import Geometry, Storage, tail_capacity
+from criticalkv.ops import decode_through_op, ragged_decode
 
 
 class RaggedStorage(Storage):
@@ -84,7 +86,7 @@ class RaggedStorage(Storage):
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         prefix = self._prefix()
         need = self.tail_len + int(keys.shape[1])
-        if self.owns_prefix:
+        if self.owns_prefix and not decode_through_op(keys.device):  # the op reads the tiers and the plain tail
             self._fuse(need, keys)
             assert self.fused is not None
             self.fused.write(keys, values, self.tail_len)
@@ -112,14 +114,14 @@ class RaggedStorage(Storage):
             return
         # a new prefix object: forks made earlier keep theirs (the old tensors stay valid)
         single = self.fused.single
-        self.prefix = dataclasses.replace(prefix, tiers=self.fused.tiers() if single else [])
+        self.prefix = dataclasses.replace(prefix, tiers=self.fused.tiers() if single else [], paged=None)
         self.tail_keys, self.tail_values = self.fused.tail() if single else (None, None)
 
     def settle(self) -> None:
         """Put the entries back in ``prefix.tiers`` and the plain tail (for readers); appends rebucket."""
         if self.fused is None or self.fused.single or self.prefix is None:
             return
-        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers())
+        self.prefix = dataclasses.replace(self.prefix, tiers=self.fused.tiers(), paged=None)
         self.tail_keys, self.tail_values = self.fused.tail()
         self.fused = None
 
@@ -148,6 +150,8 @@ class RaggedStorage(Storage):
 
     # --- attention -------------------------------------------------------------------------------
     def attend(self, query: torch.Tensor, tail_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        if decode_through_op(query.device):
+            return self._attend_op(query, tail_mask, scaling)
         prefix, t = self._prefix(), self.tail_len
         if self.fused is not None:  # the buckets read segment order themselves
             return self.fused.attend(query, tail_mask, t, scaling)
@@ -162,6 +166,29 @@ class RaggedStorage(Storage):
             None if self.tail_values is None else self.tail_values[:, :t],
             tail_mask,
             scaling,
+        )
+        return out if prefix.identity else out.index_select(0, prefix.inv_perm)
+
+    def _attend_op(self, query: torch.Tensor, tail_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """Through ``torch.ops.criticalkv.ragged_decode``: the tiers as a paged pool, the plain tail."""
+        self.settle()
+        prefix, geometry, t = self._prefix(), self._geometry(), self.tail_len
+        paged = paged_prefix(prefix, geometry.segments, geometry.head_dim, query)
+        if not prefix.identity:
+            query = query.index_select(0, prefix.perm)
+            tail_mask = None if tail_mask is None else tail_mask.index_select(0, prefix.perm)
+        tail = t and self.tail_keys is not None and self.tail_values is not None
+        out = ragged_decode(
+            query,
+            paged.keys,
+            paged.values,
+            paged.table,
+            paged.lengths,
+            1,
+            scaling,
+            self.tail_keys[:, :t] if tail else None,  # type: ignore[index]
+            self.tail_values[:, :t] if tail else None,  # type: ignore[index]
+            tail_mask if tail else None,
         )
         return out if prefix.identity else out.index_select(0, prefix.inv_perm)
 

@@ -10,6 +10,7 @@ dense batched matmul at decode time (no per-head Python loop). A uniform budget 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,6 +43,8 @@ class RaggedPrefix:
     inv_perm: torch.Tensor  # (S,) int64
     lengths: torch.Tensor  # (S,) int64
     identity: bool = False  # ``perm`` is the identity (equal lengths): no reordering needed
+    #: the tiers pooled as the decode op's paged layout (:mod:`~criticalkv.cache.layouts.paged`), once read
+    paged: Any = None
 
     @property
     def num_entries(self) -> int:

@@ -18,8 +18,10 @@ import torch
 
 from criticalkv.cache.quantized.attention import quantized_attention
 from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.codec import value_group
 from criticalkv.cache.quantized.kernels.build import decode_kernel
 from criticalkv.cache.quantized.kernels.quantized_decode import BlockList, block_list, c_quantized_attention, supports
+from criticalkv.cache.quantized.paged import PagedQuantized, paged_quantized
 from criticalkv.cache.quantized.persist import (
     BLOCK_FIELDS,
     as_blocks,
@@ -31,6 +33,7 @@ from criticalkv.cache.quantized.pool import PrefixPool
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
 from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.storage import Geometry, Storage
+from criticalkv.ops import decode_through_op, ragged_decode
 
 
 class QuantizedStorage(Storage):
@@ -55,6 +58,7 @@ class QuantizedStorage(Storage):
         self.tail_len = 0
         self._plan: DecodePlan | None = None  # the decode tiles, for this prefix and tail_used
         self._blocks: tuple[QuantizedPrefix, BlockList] | None = None  # the C kernel's block list, for this prefix
+        self._paged: tuple[QuantizedPrefix, PagedQuantized] | None = None  # the decode op's block table, likewise
 
     def _prefix(self) -> QuantizedPrefix:
         if self.prefix is None:
@@ -183,6 +187,8 @@ class QuantizedStorage(Storage):
         :mod:`~criticalkv.cache.quantized.kernels.build`), everything else through the torch kernel."""
         prefix = self._prefix()
         pool = prefix.decode_pool()
+        if decode_through_op(query.device):
+            return self._attend_op(query, tail_mask, pool, scaling)
         library = decode_kernel() if supports(query, self.residual_keys) else None
         if library is None:
             return self._attend_torch(query, tail_mask, pool, scaling)
@@ -204,6 +210,55 @@ class QuantizedStorage(Storage):
             self.spec.bits,
             self.spec.group_size,
         )
+
+    def _attend_op(
+        self, query: torch.Tensor, tail_mask: torch.Tensor | None, pool: PrefixPool | None, scaling: float
+    ) -> torch.Tensor:
+        """Through ``torch.ops.criticalkv.ragged_decode``: the pooled codes and the block table; the
+        quantized tail blocks dequantized and the residual as its dense tail."""
+        prefix, geometry, g = self._prefix(), self._geometry(), self.spec.group_size
+        if self._paged is None or self._paged[0] is not prefix:
+            self._paged = (prefix, paged_quantized(prefix, pool, g))
+        paged = self._paged[1]
+        if not prefix.identity:
+            query = query.index_select(0, prefix.perm)
+            tail_mask = None if tail_mask is None else tail_mask.index_select(0, prefix.perm)
+        width = geometry.head_dim * self.spec.bits // 8
+        empty = query.new_zeros(0, width, dtype=torch.uint8)
+        stats = [getattr(pool, name) if pool is not None else None for name in ("key_scale", "key_zero")]
+        stats += [getattr(pool, name) if pool is not None else None for name in ("value_scale", "value_zero")]
+        tail_k, tail_v = self._sorted_tail(geometry.dtype)
+        out = ragged_decode(
+            query,
+            empty if pool is None else pool.key_codes,
+            empty if pool is None else pool.value_codes,
+            paged.table,
+            paged.lengths,
+            g,
+            scaling,
+            tail_k,
+            tail_v,
+            tail_mask if tail_k is not None else None,
+            self.spec.bits,
+            *stats,
+            value_group(g, geometry.head_dim),
+            paged.entry_starts,
+        )
+        return out if prefix.identity else out.index_select(0, prefix.inv_perm)
+
+    def _sorted_tail(self, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The quantized tail blocks dequantized, then the exact residual, in sorted segment order."""
+        parts_k, parts_v = [], []
+        if self.tail_blocks is not None and self.tail_used:
+            k, v = self.tail_blocks.dequantize(0, self.tail_used, dtype)
+            parts_k.append(k)
+            parts_v.append(v)
+        if self.residual_keys is not None and self.residual_values is not None and self.residual_len:
+            parts_k.append(self.residual_keys[:, : self.residual_len])
+            parts_v.append(self.residual_values[:, : self.residual_len])
+        if not parts_k:
+            return None, None
+        return torch.cat(parts_k, dim=1), torch.cat(parts_v, dim=1)
 
     def _attend_torch(
         self, flat: torch.Tensor, tail_mask: torch.Tensor | None, pool: PrefixPool | None, scaling: float

@@ -1,0 +1,314 @@
+"""Architecture rules over a package's source, by reading it with :mod:`ast` (nothing is imported).
+
+Every checker takes the root to check and returns its offenders as readable lines (empty: clean),
+so that ``tests/repo/test_architecture.py`` can run it on ``src/criticalkv`` and on tiny fake packages.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# experiment and app code: the core (everything else) never imports it
+OUTER = frozenset({"eval", "analysis", "bench", "commands", "cli", "serve"})
+# (importing subpackage, imported subpackage) pairs that are forbidden even inside the core
+FORBIDDEN = frozenset(
+    {("cache", "headscores"), ("cache", "models"), ("scores", "cache"), ("select", "cache"), ("budgets", "cache")}
+)
+# names and attributes that denote a method or one of its parts
+METHOD_PARTS = frozenset({"method", "select", "selector", "budgets", "allocator", "scores", "scorer"})
+PROBES = frozenset({"getattr", "hasattr"})
+MAX_LINES = 500
+
+
+@dataclass(frozen=True)
+class Package:
+    """The modules of one package (``root`` is its directory) and their imports of each other."""
+
+    root: Path
+    files: dict[str, Path]  # module name -> file
+    imports: dict[str, dict[str, int]]  # module -> {imported module of the package: first line}
+
+    def location(self, module: str, target: str) -> str:
+        path = self.files[module].relative_to(self.root.parent)
+        return f"{module} -> {target} ({path}:{self.imports[module][target]})"
+
+    def edges(self, module: str) -> list[str]:
+        """Imports that count: not those of a package's own ``__init__`` (which re-exports it)."""
+        return [
+            t for t in self.imports[module] if not (self.files[t].name == "__init__.py" and module.startswith(t + "."))
+        ]
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(node: ast.AST, package: list[str]) -> list[str]:
+    """Dotted names an import statement may load; ``package`` is the importing module's package."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        base = package[: len(package) - node.level + 1]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    return [module] + [f"{module}.{alias.name}" for alias in node.names]
+
+
+def read_package(root: Path) -> Package:
+    """Every import anywhere in every module (functions and ``TYPE_CHECKING`` blocks included),
+    resolved to the package's own modules."""
+    files = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
+    imports: dict[str, dict[str, int]] = {m: {} for m in files}
+    for module, path in files.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for name in imported_names(node, package):
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    line = getattr(node, "lineno", 0)
+                    imports[module][name] = min(line, imports[module].get(name, line))
+    return Package(root, files, imports)
+
+
+def strongly_connected(nodes: Iterable[str], edges: dict[str, list[str]]) -> Iterator[list[str]]:
+    """Tarjan's strongly connected components, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(edges[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    yield sorted(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(edges[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+
+
+def import_cycles(root: Path) -> list[str]:
+    """One line per circle of modules importing each other, with the imports that close it."""
+    package = read_package(root)
+    edges = {m: package.edges(m) for m in package.files}
+    out = []
+    for component in strongly_connected(sorted(package.files), edges):
+        if len(component) > 1:
+            inside = [package.location(m, t) for m in component for t in edges[m] if t in component]
+            out.append(" <-> ".join(component) + ": " + "; ".join(sorted(inside)))
+    return out
+
+
+def subpackage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layering_violations(root: Path) -> list[str]:
+    """Imports from the core into outer (experiment/app) modules, and the forbidden core pairs."""
+    package = read_package(root)
+    out = []
+    for module in sorted(package.files):
+        for target in sorted(package.edges(module)):
+            into_outer = subpackage(target) in OUTER and subpackage(module) not in OUTER
+            if into_outer or (subpackage(module), subpackage(target)) in FORBIDDEN:
+                out.append(package.location(module, target))
+    return out
+
+
+def long_files(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """Python files under ``root`` over ``limit`` lines, longest first."""
+    sizes = [(len(p.read_text().splitlines()), p) for p in root.rglob("*.py")]
+    return [f"{p.relative_to(root.parent)}: {n} lines" for n, p in sorted(sizes, key=lambda s: -s[0]) if n > limit]
+
+
+def mentions_method(expression: ast.expr) -> bool:
+    """Whether a name or attribute of ``expression`` denotes a method or one of its parts."""
+    for node in ast.walk(expression):
+        if isinstance(node, ast.Name) and node.id in METHOD_PARTS:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in METHOD_PARTS:
+            return True
+    return False
+
+
+def method_probes(root: Path) -> list[str]:
+    """``getattr``/``hasattr`` calls whose object (first argument) is a method or one of its parts."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES
+        ]
+        for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
+            if call.args and mentions_method(call.args[0]):
+                out.append(f"{path.relative_to(root.parent)}:{call.lineno}: {ast.unparse(call)}")
+    return out
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function, its docstring not counted."""
+    body, skip = node.body, 0
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        skip = (first.end_lineno or first.lineno) - first.lineno + 1
+    return (node.end_lineno or node.lineno) - node.lineno + 1 - skip
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions under ``root`` over ``limit`` lines (docstrings not counted), longest first."""
+    rows = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _function_lines(node) > limit:
+                rows.append((_function_lines(node), f"{path.relative_to(root.parent)}:{node.lineno} {node.name}"))
+    return [f"{where}: {n} lines" for n, where in sorted(rows, key=lambda r: -r[0])]
+
+
+def subpackages(package: Package, parent: str) -> list[str]:
+    """The subpackages directly inside ``parent`` (a package of ``package``)."""
+    depth = parent.count(".") + 1
+    return sorted(
+        m
+        for m, path in package.files.items()
+        if path.name == "__init__.py" and m.startswith(parent + ".") and m.count(".") == depth
+    )
+
+
+def face_violations(root: Path, parent: str) -> list[str]:
+    """Imports of a module inside a subpackage of ``parent`` (e.g. ``criticalkv.cache``) by code
+    outside that subpackage: such code imports only the subpackage's ``__init__`` (its face)."""
+    package = read_package(root)
+    out = []
+    for sub in subpackages(package, parent):
+        for module in sorted(package.files):
+            if module == sub or module.startswith(sub + "."):
+                continue
+            for target in sorted(package.imports[module]):
+                if target.startswith(sub + "."):
+                    out.append(package.location(module, target))
+    return out
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """``_names`` a module defines: functions, classes, module and class-level names (not those a
+    ``Protocol`` merely declares), and attributes it assigns on ``self``/``cls``."""
+    names: set[str] = set()
+    protocols = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("Protocol") for base in node.bases)
+    ]
+    declared = {id(n) for proto in protocols for stmt in proto.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in declared:
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_access(root: Path) -> list[str]:
+    """Reads or writes of ``obj._name`` where ``_name`` belongs to another module of the package
+    (defined there, not in the module that touches it); ``self._x`` and ``cls._x`` are the object's own."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in sorted(root.rglob("*.py"))}
+    defined = {path: _defined_private(tree) for path, tree in trees.items()}
+    everywhere = set().union(*defined.values()) if defined else set()
+    out = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in everywhere and node.attr not in defined[path]:
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def storage_probes(root: Path, parent: str, storages: Iterable[str]) -> list[str]:
+    """``isinstance`` checks naming a class of one of the ``storages`` subpackages of ``parent``
+    (e.g. ``criticalkv.cache.quantized``) outside that subpackage: nothing else asks which storage
+    a layer holds."""
+    package = read_package(root)
+    owned: dict[str, str] = {}  # class name -> its subpackage
+    for sub in storages:
+        for module, path in package.files.items():
+            if module == f"{parent}.{sub}" or module.startswith(f"{parent}.{sub}."):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.ClassDef):
+                        owned[node.name] = f"{parent}.{sub}"
+    out = []
+    for module, path in sorted(package.files.items()):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"):
+                continue
+            kinds = node.args[1:] and [n for n in ast.walk(node.args[1]) if isinstance(n, (ast.Name, ast.Attribute))]
+            for kind in kinds or []:
+                name = kind.id if isinstance(kind, ast.Name) else kind.attr
+                home = owned.get(name)
+                if home and not (module == home or module.startswith(home + ".")):
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+#: what a method declares it needs from the prefill (criticalkv.needs.Needs), read where a prompt is compressed
+PREFILL_NEEDS = frozenset({"queries", "reconstruction"})
+
+
+def needs_readers(root: Path, allowed: Iterable[str]) -> list[str]:
+    """Reads of ``needs.queries`` / ``needs.reconstruction`` (``x.needs.queries`` too) in modules
+    other than ``allowed`` (module names; a package name allows what is inside it): one place
+    decides how a prompt is prefilled for what a method needs."""
+    package = read_package(root)
+    allowed = tuple(allowed)
+    out = []
+    for module, path in sorted(package.files.items()):
+        if any(module == a or module.startswith(a + ".") for a in allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Attribute) and node.attr in PREFILL_NEEDS):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name == "needs":
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out

@@ -1,0 +1,304 @@
+"""Architecture rules CI enforces on ``src/criticalkv`` (see ``tests/helpers/architecture.py``), and the
+checkers themselves on tiny fake packages: one clean, one per kind of violation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.architecture import (
+    MAX_FUNCTION_LINES,
+    MAX_LINES,
+    face_violations,
+    import_cycles,
+    layering_violations,
+    long_files,
+    long_functions,
+    method_probes,
+    needs_readers,
+    private_access,
+    read_package,
+    storage_probes,
+)
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "criticalkv"
+
+
+def report(problem: str, fix: str, offenders: list[str]) -> str:
+    return f"{problem} ({len(offenders)}); {fix}:\n  " + "\n  ".join(offenders)
+
+
+# --- the real tree -------------------------------------------------------------------------------
+
+
+def test_the_checkers_read_the_real_package() -> None:
+    package = read_package(PACKAGE)
+    assert len(package.files) > 50
+    assert "criticalkv.state" in package.imports["criticalkv.cache.compressed_cache"]
+
+
+def test_no_import_circles() -> None:
+    cycles = import_cycles(PACKAGE)
+    assert not cycles, report(
+        "modules of src/criticalkv import each other in a circle",
+        "move what both need into a lower module, or pass it in instead of importing it",
+        cycles,
+    )
+
+
+def test_core_imports_no_outer_code_and_no_forbidden_part() -> None:
+    violations = layering_violations(PACKAGE)
+    assert not violations, report(
+        "the core imports app/experiment code (eval, analysis, bench, commands, cli, serve) or a forbidden"
+        " part (cache -> headscores/models, scores/select/budgets -> cache)",
+        "invert the dependency: the outer code passes what the core needs (a bound method, a checked model)",
+        violations,
+    )
+
+
+def test_source_files_are_short() -> None:
+    long = long_files(SRC)
+    assert not long, report(f"source files over {MAX_LINES} lines", "split each into modules by concern", long)
+
+
+def test_no_attribute_probing_of_methods() -> None:
+    probes = method_probes(PACKAGE)
+    assert not probes, report(
+        "getattr/hasattr on a method or its parts (scores, budgets, select)",
+        "give the part's base class the attribute or method (with a default) and use it directly",
+        probes,
+    )
+
+
+#: the cache's storage subpackages: nothing outside each asks (isinstance) which storage a layer holds
+STORAGES = ("layouts", "quantized")
+
+
+def test_code_outside_a_cache_subpackage_imports_only_its_face() -> None:
+    violations = face_violations(PACKAGE, "criticalkv.cache")
+    assert not violations, report(
+        "modules import the inside of a cache subpackage",
+        "import the name from the subpackage's __init__ (export it there if it belongs to its face)",
+        violations,
+    )
+
+
+def test_no_module_touches_another_modules_private_attributes() -> None:
+    touched = private_access(PACKAGE)
+    assert not touched, report(
+        "modules read or write another module's _private attributes",
+        "give the owner a public method or attribute for what the caller needs",
+        touched,
+    )
+
+
+def test_nothing_outside_a_storage_asks_which_storage_it_is() -> None:
+    probes = storage_probes(PACKAGE, "criticalkv.cache", STORAGES)
+    assert not probes, report(
+        "isinstance on a storage subpackage's class outside it",
+        "add what the caller needs to the Storage interface (cache/storage.py) and implement it in each storage",
+        probes,
+    )
+
+
+def test_functions_are_short() -> None:
+    long = long_functions(PACKAGE)
+    assert not long, report(
+        f"functions over {MAX_FUNCTION_LINES} lines (docstrings not counted)",
+        "split each by what it does (one job per function)",
+        long,
+    )
+
+
+#: where what a method needs from the prefill is read: the cache, the Needs type and compress_prompt
+NEEDS_READERS = ("criticalkv.cache", "criticalkv.needs", "criticalkv.runtime.compress")
+
+
+def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> None:
+    readers = needs_readers(PACKAGE, NEEDS_READERS)
+    assert not readers, report(
+        "modules outside the cache read needs.queries or needs.reconstruction",
+        "compress through criticalkv.runtime.compress_prompt / prompt_states, which read them",
+        readers,
+    )
+
+
+# --- the checkers on fake packages ---------------------------------------------------------------
+
+CLEAN = {
+    "__init__.py": "from pkg.cache import Cache\nfrom pkg.methods import Method\n",
+    "state.py": "import torch\n",
+    "models.py": "from pkg.state import State\n",
+    "cache/__init__.py": "from pkg.cache.store import Cache\nfrom .layer import Layer\n",
+    "cache/layer.py": "from pkg.state import State\n",
+    # importing its own package's __init__ (which re-exports it) is no circle
+    "cache/store.py": "from pkg import state\nfrom pkg.cache import layer\nfrom . import Layer\n",
+    "scores/__init__.py": "from pkg.scores.base import Score\n",
+    "scores/base.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.state import State\n",
+    "methods.py": (
+        "from pkg.scores import Score\n\n\n"
+        "def probe(model, method):\n"
+        "    getattr(model, 'select', None)  # the object is no method part\n"
+        "    getattr(method_name, 'x')  # a longer name\n"
+        "    method.parts.getattr(method, 'x')  # not the builtin\n"
+        "    return hasattr(model.config, 'scores')\n"
+    ),
+    "eval/__init__.py": "",
+    "eval/run.py": "from pkg.cache import Cache\nfrom pkg.analysis.plot import plot\n",  # outer -> core, outer
+    "analysis/__init__.py": "",
+    "analysis/plot.py": "import pkg.methods\n",
+    "cli.py": "from pkg.eval import run\n",
+    "long.py": "x = 1\n" * MAX_LINES,
+}
+
+
+def write_package(tmp_path: Path, changes: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, text in {**CLEAN, **changes}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_clean_package_passes_every_check(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {})
+    assert import_cycles(root) == []
+    assert layering_violations(root) == []
+    assert long_files(root) == []
+    assert method_probes(root) == []
+    assert read_package(root).imports["pkg.cache.store"] == {
+        "pkg": 1,
+        "pkg.state": 1,
+        "pkg.cache": 2,
+        "pkg.cache.layer": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"state.py": "def f():\n    from pkg.cache.layer import Layer\n"}, ["pkg.cache.layer <-> pkg.state"]),
+        (
+            {"state.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.scores.base\n"},
+            ["pkg.scores.base <-> pkg.state"],
+        ),
+        ({"cache/layer.py": "from .store import Cache\n"}, ["pkg.cache.layer <-> pkg.cache.store"]),
+        # through a package __init__: pkg.models -> pkg.cache -> (pkg.cache.store ->) pkg.cache.layer -> pkg.models
+        (
+            {"models.py": "from pkg.cache import Layer\n", "cache/layer.py": "from ..models import load\n"},
+            ["pkg.cache <-> pkg.cache.layer <-> pkg.cache.store <-> pkg.models"],
+        ),
+        (
+            {
+                "state.py": "import pkg.models\n",
+                "scores/base.py": "from pkg import state\n",
+                "models.py": "import pkg.scores.base",
+            },
+            ["pkg.models <-> pkg.scores.base <-> pkg.state"],
+        ),
+    ],
+)
+def test_import_cycles_are_found(tmp_path: Path, changes: dict[str, str], expected: list[str]) -> None:
+    found = import_cycles(write_package(tmp_path, changes))
+    assert [line.split(":")[0] for line in found] == expected
+
+
+def test_a_cycle_names_the_imports_that_close_it(tmp_path: Path) -> None:
+    (found,) = import_cycles(write_package(tmp_path, {"state.py": "\n\ndef f():\n    import pkg.cache.layer\n"}))
+    assert "pkg.state -> pkg.cache.layer (pkg/state.py:4)" in found
+    assert "pkg.cache.layer -> pkg.state (pkg/cache/layer.py:1)" in found
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"methods.py": "def f():\n    from pkg.eval.run import go\n"},
+            "pkg.methods -> pkg.eval.run (pkg/methods.py:2)",
+        ),
+        ({"state.py": "import pkg.cli\n"}, "pkg.state -> pkg.cli (pkg/state.py:1)"),
+        ({"__init__.py": "import pkg.analysis.plot\n"}, "pkg -> pkg.analysis.plot (pkg/__init__.py:1)"),
+        ({"cache/layer.py": "from pkg import models\n"}, "pkg.cache.layer -> pkg.models (pkg/cache/layer.py:1)"),
+        ({"headscores.py": "", "cache/store.py": "import pkg.headscores\n"}, "pkg.cache.store -> pkg.headscores"),
+        ({"scores/base.py": "from ..cache.layer import Layer\n"}, "pkg.scores.base -> pkg.cache.layer"),
+        ({"select.py": "from pkg.cache import Cache\n"}, "pkg.select -> pkg.cache (pkg/select.py:1)"),
+        ({"budgets/__init__.py": "from pkg.cache.store import Cache\n"}, "pkg.budgets -> pkg.cache.store"),
+    ],
+)
+def test_layering_violations_are_found(tmp_path: Path, changes: dict[str, str], expected: str) -> None:
+    found = layering_violations(write_package(tmp_path, changes))
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_long_files_are_found(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {"cache/long.py": "x = 1\n" * (MAX_LINES + 1)})
+    assert long_files(root) == [f"pkg/cache/long.py: {MAX_LINES + 1} lines"]
+    assert long_files(root, limit=MAX_LINES + 1) == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "getattr(self.budgets, 'cross_layer', False)",
+        "hasattr(method, 'rank')",
+        "getattr(methods[0].select, 'precision', None)",
+        "getattr(wrap(scorer), 'queries_needed')",
+        "hasattr(self.allocator.inner, 'x')",
+        "getattr(selector or default, 'x', None)",
+        "getattr(state.scores['a'], 'x')",
+    ],
+)
+def test_method_probes_are_found(tmp_path: Path, call: str) -> None:
+    root = write_package(
+        tmp_path, {"select.py": f"def f(self, state, methods, method, scorer, selector):\n    {call}\n"}
+    )
+    assert method_probes(root) == [f"pkg/select.py:2: {call}"]
+
+
+def test_long_functions_are_found(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # the def line makes it one too many
+    docstring = '    """A docstring\n\n    of several lines is not counted."""\n'
+    root = write_package(tmp_path, {"cache/long.py": f"def f():\n{docstring}{body}\n\ndef g():\n    pass\n"})
+    assert long_functions(root) == [f"pkg/cache/long.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions(root, limit=MAX_FUNCTION_LINES + 1) == []
+
+
+def test_imports_of_a_subpackages_inside_are_found(tmp_path: Path) -> None:
+    changes = {"cache/room/__init__.py": "from pkg.cache.room.inner import X\n", "cache/room/inner.py": "X = 1\n"}
+    assert face_violations(write_package(tmp_path, changes), "pkg.cache") == []
+    changes["eval/run.py"] = "from pkg.cache.room.inner import X\nfrom pkg.cache.room import X\n"
+    changes["cache/layer.py"] = "from pkg.cache.room import X\n"  # the face: fine
+    found = face_violations(write_package(tmp_path, changes), "pkg.cache")
+    assert found == ["pkg.eval.run -> pkg.cache.room.inner (pkg/eval/run.py:1)"]
+
+
+def test_private_attributes_of_another_module_are_found(tmp_path: Path) -> None:
+    owner = "class Layer:\n    def __init__(self):\n        self._tail = None\n\n    def _grow(self):\n        pass\n"
+    reader = (
+        "from typing import Protocol\n\n\nclass _Like(Protocol):\n    _tail: int\n\n\n"  # a declaration is no owner
+        "def f(layer, other):\n    layer._grow()\n    other._tail = 1\n    return other._cached\n"
+    )
+    found = private_access(write_package(tmp_path, {"cache/layer.py": owner, "cache/store.py": reader}))
+    assert sorted(found) == ["pkg/cache/store.py:10: other._tail", "pkg/cache/store.py:9: layer._grow"]
+
+
+def test_storage_probes_are_found(tmp_path: Path) -> None:
+    changes = {
+        "cache/quantized/__init__.py": "",
+        "cache/quantized/storage.py": "class QStorage:\n    pass\n\n\ndef f(s):\n    return isinstance(s, QStorage)\n",
+        "cache/store.py": "def g(s, q):\n    return isinstance(s.storage, (int, q.QStorage))\n",
+    }
+    found = storage_probes(write_package(tmp_path, changes), "pkg.cache", ["quantized"])
+    assert found == ["pkg/cache/store.py:2: isinstance(s.storage, (int, q.QStorage))"]
+
+
+def test_needs_readers_are_found(tmp_path: Path) -> None:
+    changes = {
+        "runtime/compress.py": "def f(method):\n    return method.needs.reconstruction\n",
+        "eval/unit.py": "def g(m, needs):\n    return m.needs.queries, needs.reconstruction, m.queries\n",
+    }
+    found = needs_readers(write_package(tmp_path, changes), ["pkg.runtime.compress"])
+    assert found == ["pkg/eval/unit.py:2: m.needs.queries", "pkg/eval/unit.py:2: needs.reconstruction"]
