@@ -279,3 +279,57 @@ def test_generate_at_4_bits_is_the_same_through_either_kernel(
         answers[kernel] = result.answers
     assert count_c_calls
     assert answers["c"] == answers["torch"]
+
+
+def _layout(seed: int, batch: int = 2, heads: int = 3, length: int = 70) -> dict:
+    """A ragged quantized prefix, its pool and block list, a residual and queries (4 bits, group 8)."""
+    g = torch.Generator().manual_seed(seed)
+    keys, values = (
+        torch.randn(batch, heads, length, 16, generator=g),
+        torch.randn(batch, heads, length, 16, generator=g),
+    )
+    keep = torch.rand(batch, heads, length, generator=g) < torch.rand(batch, heads, 1, generator=g)
+    prefix = build_quantized_prefix(keys, values, keep, 4, 8)
+    pool = prefix.decode_pool()
+    s = batch * heads
+    res = torch.randn(s, 5, 16, generator=g), torch.randn(s, 5, 16, generator=g)
+    return {
+        "query": torch.randn(s, 3, 16, generator=g),
+        "perm": None if prefix.identity else prefix.perm,
+        "pool": pool,
+        "blocks": block_list(prefix, pool, 8),
+        "residual": res,
+    }
+
+
+def _c_call(layout: dict) -> torch.Tensor:
+    return c_quantized_attention(
+        _library(), layout["query"], layout["perm"], layout["pool"], layout["blocks"], None, 0,
+        *layout["residual"], 4, None, 0.25, 4, 8,
+    )  # fmt: skip
+
+
+@needs_compiler
+def test_threads_share_the_segments_and_give_the_same_bits() -> None:
+    """Segments are split among torch's threads (OpenMP); each segment is one thread's, so the
+    result does not depend on the thread count, bit for bit."""
+    layout = _layout(seed=5, batch=3, heads=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _c_call(layout)
+        torch.set_num_threads(2)
+        two = _c_call(layout)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@needs_compiler
+def test_a_struct_of_another_layout_is_refused_not_read() -> None:
+    from criticalkv.cache.quantized.kernels.args import DecodeArgs
+
+    library = _library()
+    assert int(library.ckv_decode_args_size()) == ctypes.sizeof(DecodeArgs)
+    args = DecodeArgs(size=ctypes.sizeof(DecodeArgs) - 8)  # every pointer NULL: a read would crash
+    assert library.ckv_quantized_decode(ctypes.byref(args)) == -2

@@ -26,6 +26,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from criticalkv.cache.quantized.kernels.args import DecodeArgs
+
 logger = logging.getLogger(__name__)
 
 #: environment variable choosing the decode kernel: auto, c or torch
@@ -33,16 +35,25 @@ KERNEL_ENV = "CRITICALKV_KERNEL"
 KERNEL_MODES = ("auto", "c", "torch")
 #: flags tried in order: tuned to this CPU, then portable
 FLAG_SETS: tuple[tuple[str, ...], ...] = (
-    ("-O3", "-march=native", "-shared", "-fPIC"),
+    ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"),  # threads over segments (OpenMP)
+    ("-O3", "-fopenmp", "-shared", "-fPIC"),
+    ("-O3", "-march=native", "-shared", "-fPIC"),  # a compiler without OpenMP: one thread
     ("-O3", "-shared", "-fPIC"),
 )
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-#: ckv_quantized_decode's parameters, in order (see quantized_decode.c)
-DECODE_ARGTYPES = [_I] * 6 + [_P, _P, ctypes.c_float] + [_P] * 10 + [_I, _I] + [_P] * 6 + [_I, _I, _P, _P, _P, _I, _P]
-
 _loaded: dict[tuple[str, str, str], ctypes.CDLL | str] = {}  # (compiler, source hash, folder) -> library or why not
+
+
+def bind_decode(library: ctypes.CDLL) -> ctypes.CDLL | str:
+    """Type ``ckv_quantized_decode``'s one argument (a pointer to :class:`DecodeArgs`) after checking
+    that the library lays the struct out as this module does; else a sentence saying it does not."""
+    size = library.ckv_decode_args_size
+    size.argtypes, size.restype = [], ctypes.c_int64
+    if int(size()) != ctypes.sizeof(DecodeArgs):
+        return f"the compiled kernel's argument struct has {int(size())} bytes, not {ctypes.sizeof(DecodeArgs)}"
+    function = library.ckv_quantized_decode
+    function.argtypes, function.restype = [ctypes.POINTER(DecodeArgs)], ctypes.c_int
+    return library
 
 
 class KernelUnavailable(RuntimeError):
@@ -165,10 +176,7 @@ def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
             return result
     try:
         library = ctypes.CDLL(str(target))
-        function = library.ckv_quantized_decode
-        function.argtypes = DECODE_ARGTYPES  # type: ignore[assignment]
-        function.restype = ctypes.c_int
-        result = library
+        result = bind_decode(library)
     except (OSError, AttributeError) as error:
         result = f"loading {target} failed: {error} (delete the file to rebuild it)"
     _loaded[key] = result

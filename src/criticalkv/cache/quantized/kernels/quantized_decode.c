@@ -107,7 +107,10 @@ static void block_values(const Work *w, const uint8_t *vc, const uint16_t *vs, c
 }
 
 /*
- * Returns 0, or -1 if a workspace could not be allocated.
+ * The arguments of one call, laid out once here and once in kernels/quantized_decode.py
+ * (DecodeArgs, a ctypes.Structure with the same fields in the same order): every argument is
+ * named and typed, and `size` (sizeof as the caller laid it out) is checked before anything is
+ * read, so a caller built against another layout is refused (-2) instead of corrupting memory.
  *
  * query (S, Q, d) float32 and out (S, Q, d) float32 in the original segment order: sorted segment s
  * is row perm[s] of both (perm NULL: the identity), and of the tail mask; everything else is in
@@ -119,105 +122,163 @@ static void block_values(const Work *w, const uint8_t *vc, const uint16_t *vs, c
  * stats, (S, tail_cap, group, vgroups) value stats. Residual: r float32 entries of d per segment,
  * segment s at res_k + s * res_stride. Tail mask (S, Q, mask_t) uint8 (1: attend) over the tail's
  * columns (quantized blocks, then the residual), or NULL: attend to all.
+ * threads: segments are shared among this many OpenMP threads (1 without OpenMP).
  */
-int ckv_quantized_decode(int64_t S, int64_t Q, int64_t d, int64_t bits, int64_t group, int64_t vgroups,
-                         const float *query, const int64_t *perm, float scaling, const uint8_t *p_kc, const uint8_t *p_vc,
-                         const uint16_t *p_vs, const uint16_t *p_vz, const uint16_t *p_ks,
-                         const uint16_t *p_kz, const int64_t *seg_offsets, const int64_t *blk_entry,
-                         const int64_t *blk_row, const int64_t *blk_len, int64_t tail_used,
-                         int64_t tail_cap, const uint8_t *t_kc, const uint16_t *t_ks,
-                         const uint16_t *t_kz, const uint8_t *t_vc, const uint16_t *t_vs,
-                         const uint16_t *t_vz, int64_t r, int64_t res_stride, const float *res_k,
-                         const float *res_v, const uint8_t *mask, int64_t mask_t, float *out) {
-    int64_t width = d * bits / 8;
-    int64_t longest = 0;
-    for (int64_t s = 0; s < S; s++) {
-        int64_t n = 0;
-        for (int64_t k = seg_offsets[s]; k < seg_offsets[s + 1]; k++) n += blk_len[k];
-        if (n > longest) longest = n;
-    }
-    int64_t stride = longest + tail_used * group + r; /* score columns of the longest segment */
-    size_t floats = (size_t)(Q * stride + 3 * Q * d + Q + d + Q * vgroups + Q * d + 1);
-    float *buf = (float *)malloc(floats * sizeof(float));
-    if (buf == NULL) return -1;
-    float *scores = buf, *qv = scores + Q * stride;
-    Work w = {d, bits, width, vgroups, d / vgroups, Q, qv + Q * d, 0, 0, 0, 0};
+typedef struct {
+    int64_t size;
+    int64_t S, Q, d, bits, group, vgroups, threads;
+    double scaling;
+    const float *query;
+    const int64_t *perm;
+    const uint8_t *p_kc, *p_vc;
+    const uint16_t *p_vs, *p_vz, *p_ks, *p_kz;
+    const int64_t *seg_offsets, *blk_entry, *blk_row, *blk_len;
+    int64_t tail_used, tail_cap;
+    const uint8_t *t_kc;
+    const uint16_t *t_ks, *t_kz;
+    const uint8_t *t_vc;
+    const uint16_t *t_vs, *t_vz;
+    int64_t r, res_stride;
+    const float *res_k, *res_v;
+    const uint8_t *mask;
+    int64_t mask_t;
+    float *out;
+} CkvDecodeArgs;
+
+int64_t ckv_decode_args_size(void) { return (int64_t)sizeof(CkvDecodeArgs); }
+
+/* one thread's workspace over score columns of `stride` (the longest segment's) */
+typedef struct {
+    float *buf, *scores, *qv;
+    Work w;
+} Space;
+
+static int space_alloc(Space *sp, const CkvDecodeArgs *a, int64_t stride) {
+    int64_t Q = a->Q, d = a->d;
+    size_t floats = (size_t)(Q * stride + 3 * Q * d + Q + d + Q * a->vgroups + Q * d + 1);
+    sp->buf = (float *)malloc(floats * sizeof(float));
+    if (sp->buf == NULL) return -1;
+    sp->scores = sp->buf;
+    sp->qv = sp->scores + Q * stride;
+    Work w = {d, a->bits, d * a->bits / 8, a->vgroups, d / a->vgroups, Q, sp->qv + Q * d, 0, 0, 0, 0};
     w.qz = w.qs + Q * d;
     w.unp = w.qz + Q;
     w.acc = w.unp + d;
     w.zacc = w.acc + Q * d;
-    int64_t tblock_codes = group * width, tblock_vstats = group * vgroups;
-    for (int64_t s = 0; s < S; s++) {
-        int64_t orig = perm == NULL ? s : perm[s];
-        for (int64_t x = 0; x < Q * d; x++) qv[x] = query[orig * Q * d + x] * scaling;
-        /* scores: prefix blocks, then tail blocks, then the residual */
-        int64_t col = 0;
-        for (int64_t k = seg_offsets[s]; k < seg_offsets[s + 1]; k++) {
-            block_scores(&w, qv, p_kc + blk_entry[k] * width, p_ks + blk_row[k] * d, p_kz + blk_row[k] * d,
-                         blk_len[k], scores + col, stride);
-            col += blk_len[k];
-        }
-        int64_t lp = col;
-        for (int64_t b = 0; b < tail_used; b++) {
-            int64_t blk = s * tail_cap + b;
-            block_scores(&w, qv, t_kc + blk * tblock_codes, t_ks + blk * d, t_kz + blk * d, group,
-                         scores + col, stride);
-            col += group;
-        }
-        for (int64_t e = 0; e < r; e++) {
-            const float *k = res_k + s * res_stride + e * d;
-            for (int64_t i = 0; i < Q; i++) scores[i * stride + col + e] = dot(qv + i * d, k, d);
-        }
-        col += r;
-        /* softmax per row, the tail's columns under the mask */
-        for (int64_t i = 0; i < Q; i++) {
-            float *row = scores + i * stride;
-            if (mask != NULL) {
-                const uint8_t *m = mask + (orig * Q + i) * mask_t;
-                for (int64_t c = lp; c < col; c++)
-                    if (!m[c - lp]) row[c] = -INFINITY;
-            }
-            float top = -INFINITY;
-            for (int64_t c = 0; c < col; c++) top = row[c] > top ? row[c] : top;
-            if (top == -INFINITY) { /* nothing to attend to: zeros */
-                for (int64_t c = 0; c < col; c++) row[c] = 0.0f;
-                continue;
-            }
-            float total = 0.0f;
-            for (int64_t c = 0; c < col; c++) {
-                row[c] = expf(row[c] - top);
-                total += row[c];
-            }
-            float inv = 1.0f / total;
-            for (int64_t c = 0; c < col; c++) row[c] *= inv;
-        }
-        /* values, in the same column order */
-        memset(w.acc, 0, (size_t)(Q * d) * sizeof(float));
-        memset(w.zacc, 0, (size_t)(Q * vgroups) * sizeof(float));
-        col = 0;
-        for (int64_t k = seg_offsets[s]; k < seg_offsets[s + 1]; k++) {
-            int64_t e0 = blk_entry[k];
-            block_values(&w, p_vc + e0 * width, p_vs + e0 * vgroups, p_vz + e0 * vgroups, blk_len[k],
-                         scores + col, stride);
-            col += blk_len[k];
-        }
-        for (int64_t b = 0; b < tail_used; b++) {
-            int64_t blk = s * tail_cap + b;
-            block_values(&w, t_vc + blk * tblock_codes, t_vs + blk * tblock_vstats, t_vz + blk * tblock_vstats,
-                         group, scores + col, stride);
-            col += group;
-        }
-        float *o = out + orig * Q * d;
-        for (int64_t i = 0; i < Q; i++) {
-            float *a = w.acc + i * d;
-            for (int64_t e = 0; e < r; e++) {
-                float p = scores[i * stride + col + e];
-                const float *v = res_v + s * res_stride + e * d;
-                for (int64_t c = 0; c < d; c++) a[c] += p * v[c];
-            }
-            for (int64_t c = 0; c < d; c++) o[i * d + c] = a[c] + w.zacc[i * vgroups + c / w.vgw];
-        }
-    }
-    free(buf);
+    sp->w = w;
     return 0;
+}
+
+/* scores of sorted segment s: prefix blocks, tail blocks, residual; returns the columns, sets *lp */
+static int64_t segment_scores(const CkvDecodeArgs *a, Space *sp, int64_t s, int64_t stride, int64_t *lp) {
+    const Work *w = &sp->w;
+    int64_t d = a->d, Q = a->Q, width = w->width, col = 0;
+    for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
+        block_scores(w, sp->qv, a->p_kc + a->blk_entry[k] * width, a->p_ks + a->blk_row[k] * d,
+                     a->p_kz + a->blk_row[k] * d, a->blk_len[k], sp->scores + col, stride);
+        col += a->blk_len[k];
+    }
+    *lp = col;
+    for (int64_t b = 0; b < a->tail_used; b++) {
+        int64_t blk = s * a->tail_cap + b;
+        block_scores(w, sp->qv, a->t_kc + blk * a->group * width, a->t_ks + blk * d, a->t_kz + blk * d, a->group,
+                     sp->scores + col, stride);
+        col += a->group;
+    }
+    for (int64_t e = 0; e < a->r; e++) {
+        const float *k = a->res_k + s * a->res_stride + e * d;
+        for (int64_t i = 0; i < Q; i++) sp->scores[i * stride + col + e] = dot(sp->qv + i * d, k, d);
+    }
+    return col + a->r;
+}
+
+/* softmax of each query row over `col` columns, the tail's (from lp) under the mask */
+static void segment_softmax(const CkvDecodeArgs *a, float *scores, int64_t orig, int64_t lp, int64_t col,
+                            int64_t stride) {
+    for (int64_t i = 0; i < a->Q; i++) {
+        float *row = scores + i * stride;
+        if (a->mask != NULL) {
+            const uint8_t *m = a->mask + (orig * a->Q + i) * a->mask_t;
+            for (int64_t c = lp; c < col; c++)
+                if (!m[c - lp]) row[c] = -INFINITY;
+        }
+        float top = -INFINITY;
+        for (int64_t c = 0; c < col; c++) top = row[c] > top ? row[c] : top;
+        if (top == -INFINITY) { /* nothing to attend to: zeros */
+            for (int64_t c = 0; c < col; c++) row[c] = 0.0f;
+            continue;
+        }
+        float total = 0.0f;
+        for (int64_t c = 0; c < col; c++) {
+            row[c] = expf(row[c] - top);
+            total += row[c];
+        }
+        float inv = 1.0f / total;
+        for (int64_t c = 0; c < col; c++) row[c] *= inv;
+    }
+}
+
+/* the probability-weighted values of sorted segment s into out's row orig */
+static void segment_values(const CkvDecodeArgs *a, Space *sp, int64_t s, int64_t orig, int64_t stride) {
+    Work *w = &sp->w;
+    int64_t d = a->d, Q = a->Q, width = w->width, vg = a->vgroups, col = 0;
+    memset(w->acc, 0, (size_t)(Q * d) * sizeof(float));
+    memset(w->zacc, 0, (size_t)(Q * vg) * sizeof(float));
+    for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
+        int64_t e0 = a->blk_entry[k];
+        block_values(w, a->p_vc + e0 * width, a->p_vs + e0 * vg, a->p_vz + e0 * vg, a->blk_len[k], sp->scores + col,
+                     stride);
+        col += a->blk_len[k];
+    }
+    for (int64_t b = 0; b < a->tail_used; b++) {
+        int64_t blk = s * a->tail_cap + b;
+        block_values(w, a->t_vc + blk * a->group * width, a->t_vs + blk * a->group * vg,
+                     a->t_vz + blk * a->group * vg, a->group, sp->scores + col, stride);
+        col += a->group;
+    }
+    float *o = a->out + orig * Q * d;
+    for (int64_t i = 0; i < Q; i++) {
+        float *acc = w->acc + i * d;
+        for (int64_t e = 0; e < a->r; e++) {
+            float p = sp->scores[i * stride + col + e];
+            const float *v = a->res_v + s * a->res_stride + e * d;
+            for (int64_t c = 0; c < d; c++) acc[c] += p * v[c];
+        }
+        for (int64_t c = 0; c < d; c++) o[i * d + c] = acc[c] + w->zacc[i * vg + c / w->vgw];
+    }
+}
+
+/* Returns 0; -1 if a workspace could not be allocated; -2 if the caller's struct has another size. */
+int ckv_quantized_decode(const CkvDecodeArgs *a) {
+    if (a == NULL || a->size != (int64_t)sizeof(CkvDecodeArgs)) return -2;
+    int64_t longest = 0;
+    for (int64_t s = 0; s < a->S; s++) {
+        int64_t n = 0;
+        for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) n += a->blk_len[k];
+        if (n > longest) longest = n;
+    }
+    int64_t stride = longest + a->tail_used * a->group + a->r; /* score columns of the longest segment */
+    int failed = 0;
+    float scaling = (float)a->scaling;
+#pragma omp parallel num_threads(a->threads > 0 ? (int)a->threads : 1)
+    {
+        Space sp;
+        int ok = space_alloc(&sp, a, stride) == 0;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < a->S; s++) {
+            if (!ok) continue;
+            int64_t orig = a->perm == NULL ? s : a->perm[s];
+            for (int64_t x = 0; x < a->Q * a->d; x++) sp.qv[x] = a->query[orig * a->Q * a->d + x] * scaling;
+            int64_t lp = 0;
+            int64_t col = segment_scores(a, &sp, s, stride, &lp);
+            segment_softmax(a, sp.scores, orig, lp, col, stride);
+            segment_values(a, &sp, s, orig, stride);
+        }
+        if (ok) free(sp.buf);
+    }
+    return failed ? -1 : 0;
 }

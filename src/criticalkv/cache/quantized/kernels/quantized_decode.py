@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.kernels.args import DecodeArgs
 from criticalkv.cache.quantized.pool import PrefixPool
 from criticalkv.cache.quantized.prefix import QuantizedPrefix
 
@@ -111,35 +112,40 @@ def c_quantized_attention(
     query = query.contiguous()
     perm = None if perm is None else perm.to(torch.long).contiguous()
     out = torch.empty(s, q, d, dtype=torch.float32)
-    vgroups = d // min(group, d)
-    fields: list[torch.Tensor | None] = [None] * 6
+    args = DecodeArgs(size=ctypes.sizeof(DecodeArgs), S=s, Q=q, d=d, bits=bits, group=group)
+    args.vgroups, args.threads, args.scaling = d // min(group, d), torch.get_num_threads(), scaling
+    keep = [query, perm, out]  # every tensor whose pointer the struct holds stays alive through the call
+    args.query, args.perm, args.out = _ptr(query), _ptr(perm), _ptr(out)
     if pool is not None:
         stored = (pool.key_codes, pool.value_codes, pool.value_scale, pool.value_zero, pool.key_scale, pool.key_zero)
-        fields = [t.contiguous() for t in stored]
-    used = tail_used if tail is not None else 0
-    tail_parts: list[torch.Tensor | None] = [None] * 6
-    capacity = 0
-    if used and tail is not None:
-        tail_parts = [t.contiguous() for t in tail.parts()]
-        capacity = tail.num_blocks
-    r = residual_len if residual_keys is not None and residual_values is not None else 0
-    res_k = res_v = None
-    stride = 0
-    if r and residual_keys is not None and residual_values is not None:
-        res_k, res_v = residual_keys.contiguous(), residual_values.contiguous()
-        stride = int(res_k.shape[1]) * d
-    mask = None if tail_mask is None else tail_mask.to(torch.bool).contiguous()  # one byte each, 0 or 1
-    status = library.ckv_quantized_decode(
-        s, q, d, bits, group, vgroups,
-        query.data_ptr(), _ptr(perm), scaling,
-        *(_ptr(t) for t in fields),
-        blocks.offsets.data_ptr(), blocks.entry.data_ptr(), blocks.row.data_ptr(), blocks.length.data_ptr(),
-        used, capacity,
-        *(_ptr(t) for t in tail_parts),
-        r, stride, _ptr(res_k), _ptr(res_v),
-        _ptr(mask), 0 if mask is None else int(mask.shape[-1]),
-        out.data_ptr(),
-    )  # fmt: skip
+        _set(args, ("p_kc", "p_vc", "p_vs", "p_vz", "p_ks", "p_kz"), stored, keep)
+    _set(
+        args,
+        ("seg_offsets", "blk_entry", "blk_row", "blk_len"),
+        (blocks.offsets, blocks.entry, blocks.row, blocks.length),
+        keep,
+    )
+    if tail_used and tail is not None:
+        args.tail_used, args.tail_cap = tail_used, tail.num_blocks
+        _set(args, ("t_kc", "t_ks", "t_kz", "t_vc", "t_vs", "t_vz"), tail.parts(), keep)
+    if residual_len and residual_keys is not None and residual_values is not None:
+        args.r, args.res_stride = residual_len, int(residual_keys.shape[1]) * d
+        _set(args, ("res_k", "res_v"), (residual_keys, residual_values), keep)
+    if tail_mask is not None:
+        mask = tail_mask.to(torch.bool).contiguous()  # one byte each, 0 or 1
+        args.mask, args.mask_t = _ptr(mask), int(mask.shape[-1])
+        keep.append(mask)
+    status = library.ckv_quantized_decode(ctypes.byref(args))
+    if status == -2:
+        raise RuntimeError("the C decode kernel was built for another argument layout: delete it to rebuild it")
     if status != 0:
         raise MemoryError("the C decode kernel could not allocate its workspace")
     return out
+
+
+def _set(args: DecodeArgs, names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], keep: list) -> None:
+    """Point ``args``'s fields ``names`` at contiguous copies (or the tensors themselves) of ``tensors``."""
+    for name, tensor in zip(names, tensors, strict=True):
+        contiguous = tensor.contiguous()
+        keep.append(contiguous)
+        setattr(args, name, contiguous.data_ptr())
