@@ -333,3 +333,37 @@ def test_a_struct_of_another_layout_is_refused_not_read() -> None:
     assert int(library.ckv_decode_args_size()) == ctypes.sizeof(DecodeArgs)
     args = DecodeArgs(size=ctypes.sizeof(DecodeArgs) - 8)  # every pointer NULL: a read would crash
     assert library.ckv_quantized_decode(ctypes.byref(args)) == -2
+
+
+@needs_compiler
+@pytest.mark.parametrize(("bits", "group", "length", "d"), [(4, 8, 900, 16), (8, 64, 1300, 16), (4, 3, 700, 12)])
+def test_long_segments_are_split_among_items_and_merged_exactly(bits: int, group: int, length: int, d: int) -> None:
+    """Segments longer than one work item (256 entries) are cut into several (split-K, so threads
+    share one long head); their partial softmaxes merge into the same attention as the reference,
+    with tail blocks, a residual and a mask that hides every tail column of one row."""
+    g = torch.Generator().manual_seed(group)
+    b, h, used, residual = 1, 3, 2, 4
+    s = b * h
+    keys, values = torch.randn(b, h, length, d, generator=g) * 3, torch.randn(b, h, length, d, generator=g)
+    keep = torch.rand(b, h, length, generator=g) < torch.tensor([0.9, 0.5, 0.05]).view(1, 3, 1)
+    prefix = build_quantized_prefix(keys, values, keep, bits, group)
+    tail = empty_blocks(s, used + 1, d, bits, group, torch.device("cpu"))
+    tk, tv = torch.randn(s, used * group, d, generator=g), torch.randn(s, used * group, d, generator=g)
+    write_blocks(tail, 0, quantize_blocks(tk, tv, bits, group))
+    k_all, v_all = tail.dequantize(0, used, torch.float32)
+    inv = prefix.inv_perm
+    res_k, res_v = torch.randn(s, residual + 2, d, generator=g), torch.randn(s, residual + 2, d, generator=g)
+    query = torch.randn(s, 3, d, generator=g)
+    mask = torch.rand(s, 3, used * group + residual, generator=g) < 0.7
+    mask[1, 2] = False
+    expected = attend_segments(
+        query, prefix.dense(d, torch.float32), prefix.lengths.tolist(), (k_all[inv], v_all[inv]),
+        (res_k[inv, :residual], res_v[inv, :residual]), mask, d**-0.5,
+    )  # fmt: skip
+    pool = prefix.decode_pool()
+    got = c_quantized_attention(
+        _library(), query, None if prefix.identity else prefix.perm, pool, block_list(prefix, pool, group),
+        tail, used, res_k, res_v, residual, mask, d**-0.5, bits, group,
+    )  # fmt: skip
+    assert int(prefix.lengths.max()) > 2 * 256  # the longest head really is cut
+    assert torch.allclose(got, expected, atol=2e-5, rtol=1e-4), (got - expected).abs().max()

@@ -169,16 +169,50 @@ static int space_alloc(Space *sp, const CkvDecodeArgs *a, int64_t stride) {
     return 0;
 }
 
-/* scores of sorted segment s: prefix blocks, tail blocks, residual; returns the columns, sets *lp */
-static int64_t segment_scores(const CkvDecodeArgs *a, Space *sp, int64_t s, int64_t stride, int64_t *lp) {
+/* One work item: blocks [k0, k1) of sorted segment s's block list, and, for its last item, the
+ * quantized tail blocks and the residual. Long segments are cut into several items (split-K) so
+ * that threads share even one segment; each item's softmax is merged exactly afterwards. */
+typedef struct {
+    int64_t s, k0, k1, with_tail;
+} Item;
+
+/* entries of prefix per item before a segment is cut: enough work per item, items enough for threads */
+#define ITEM_ENTRIES 256
+
+/* the work items of every segment in order; returns their count (items has room for blocks + S) */
+static int64_t make_items(const CkvDecodeArgs *a, Item *items, int64_t *first, int64_t *widest) {
+    int64_t n = 0, tail_cols = a->tail_used * a->group + a->r;
+    *widest = 0;
+    for (int64_t s = 0; s < a->S; s++) {
+        first[s] = n;
+        int64_t k0 = a->seg_offsets[s], entries = 0;
+        for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
+            entries += a->blk_len[k];
+            if (entries >= ITEM_ENTRIES && k + 1 < a->seg_offsets[s + 1]) {
+                items[n++] = (Item){s, k0, k + 1, 0};
+                *widest = entries > *widest ? entries : *widest;
+                k0 = k + 1;
+                entries = 0;
+            }
+        }
+        items[n++] = (Item){s, k0, a->seg_offsets[s + 1], 1};
+        *widest = entries + tail_cols > *widest ? entries + tail_cols : *widest;
+    }
+    first[a->S] = n;
+    return n;
+}
+
+/* scores of one item's columns: its prefix blocks, then (last item) tail blocks and residual; sets *lp */
+static int64_t item_scores(const CkvDecodeArgs *a, Space *sp, const Item *it, int64_t stride, int64_t *lp) {
     const Work *w = &sp->w;
-    int64_t d = a->d, Q = a->Q, width = w->width, col = 0;
-    for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
+    int64_t d = a->d, Q = a->Q, width = w->width, col = 0, s = it->s;
+    for (int64_t k = it->k0; k < it->k1; k++) {
         block_scores(w, sp->qv, a->p_kc + a->blk_entry[k] * width, a->p_ks + a->blk_row[k] * d,
                      a->p_kz + a->blk_row[k] * d, a->blk_len[k], sp->scores + col, stride);
         col += a->blk_len[k];
     }
     *lp = col;
+    if (!it->with_tail) return col;
     for (int64_t b = 0; b < a->tail_used; b++) {
         int64_t blk = s * a->tail_cap + b;
         block_scores(w, sp->qv, a->t_kc + blk * a->group * width, a->t_ks + blk * d, a->t_kz + blk * d, a->group,
@@ -192,93 +226,123 @@ static int64_t segment_scores(const CkvDecodeArgs *a, Space *sp, int64_t s, int6
     return col + a->r;
 }
 
-/* softmax of each query row over `col` columns, the tail's (from lp) under the mask */
-static void segment_softmax(const CkvDecodeArgs *a, float *scores, int64_t orig, int64_t lp, int64_t col,
-                            int64_t stride) {
+/* unnormalised softmax of each query row over `col` columns (the tail's, from lp, under the mask):
+ * exp(x - max) in place; the row's max and sum go to part[i * (d + 2)] and [+ 1] (-inf, 0: none) */
+static void item_softmax(const CkvDecodeArgs *a, float *scores, int64_t orig, int64_t lp, int64_t col,
+                         int64_t stride, float *part) {
     for (int64_t i = 0; i < a->Q; i++) {
         float *row = scores + i * stride;
-        if (a->mask != NULL) {
+        if (a->mask != NULL && col > lp) {
             const uint8_t *m = a->mask + (orig * a->Q + i) * a->mask_t;
             for (int64_t c = lp; c < col; c++)
                 if (!m[c - lp]) row[c] = -INFINITY;
         }
-        float top = -INFINITY;
+        float top = -INFINITY, total = 0.0f;
         for (int64_t c = 0; c < col; c++) top = row[c] > top ? row[c] : top;
-        if (top == -INFINITY) { /* nothing to attend to: zeros */
-            for (int64_t c = 0; c < col; c++) row[c] = 0.0f;
-            continue;
-        }
-        float total = 0.0f;
         for (int64_t c = 0; c < col; c++) {
-            row[c] = expf(row[c] - top);
+            row[c] = top == -INFINITY ? 0.0f : expf(row[c] - top);
             total += row[c];
         }
-        float inv = 1.0f / total;
-        for (int64_t c = 0; c < col; c++) row[c] *= inv;
+        part[i * (a->d + 2)] = top;
+        part[i * (a->d + 2) + 1] = total;
     }
 }
 
-/* the probability-weighted values of sorted segment s into out's row orig */
-static void segment_values(const CkvDecodeArgs *a, Space *sp, int64_t s, int64_t orig, int64_t stride) {
+/* the item's weighted values (unnormalised) into part[i * (d + 2) + 2 ...] */
+static void item_values(const CkvDecodeArgs *a, Space *sp, const Item *it, int64_t stride, float *part) {
     Work *w = &sp->w;
-    int64_t d = a->d, Q = a->Q, width = w->width, vg = a->vgroups, col = 0;
+    int64_t d = a->d, Q = a->Q, width = w->width, vg = a->vgroups, col = 0, s = it->s;
     memset(w->acc, 0, (size_t)(Q * d) * sizeof(float));
     memset(w->zacc, 0, (size_t)(Q * vg) * sizeof(float));
-    for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
+    for (int64_t k = it->k0; k < it->k1; k++) {
         int64_t e0 = a->blk_entry[k];
         block_values(w, a->p_vc + e0 * width, a->p_vs + e0 * vg, a->p_vz + e0 * vg, a->blk_len[k], sp->scores + col,
                      stride);
         col += a->blk_len[k];
     }
-    for (int64_t b = 0; b < a->tail_used; b++) {
-        int64_t blk = s * a->tail_cap + b;
-        block_values(w, a->t_vc + blk * a->group * width, a->t_vs + blk * a->group * vg,
-                     a->t_vz + blk * a->group * vg, a->group, sp->scores + col, stride);
-        col += a->group;
-    }
-    float *o = a->out + orig * Q * d;
-    for (int64_t i = 0; i < Q; i++) {
-        float *acc = w->acc + i * d;
-        for (int64_t e = 0; e < a->r; e++) {
-            float p = sp->scores[i * stride + col + e];
-            const float *v = a->res_v + s * a->res_stride + e * d;
-            for (int64_t c = 0; c < d; c++) acc[c] += p * v[c];
+    if (it->with_tail) {
+        for (int64_t b = 0; b < a->tail_used; b++) {
+            int64_t blk = s * a->tail_cap + b;
+            block_values(w, a->t_vc + blk * a->group * width, a->t_vs + blk * a->group * vg,
+                         a->t_vz + blk * a->group * vg, a->group, sp->scores + col, stride);
+            col += a->group;
         }
-        for (int64_t c = 0; c < d; c++) o[i * d + c] = acc[c] + w->zacc[i * vg + c / w->vgw];
+    }
+    for (int64_t i = 0; i < Q; i++) {
+        float *acc = w->acc + i * d, *o = part + i * (d + 2) + 2;
+        if (it->with_tail) {
+            for (int64_t e = 0; e < a->r; e++) {
+                float p = sp->scores[i * stride + col + e];
+                const float *v = a->res_v + s * a->res_stride + e * d;
+                for (int64_t c = 0; c < d; c++) acc[c] += p * v[c];
+            }
+        }
+        for (int64_t c = 0; c < d; c++) o[c] = acc[c] + w->zacc[i * vg + c / w->vgw];
+    }
+}
+
+/* segment s's output rows from its items' partial softmaxes (log-sum-exp merge) */
+static void merge_items(const CkvDecodeArgs *a, int64_t s, int64_t i0, int64_t i1, const float *parts) {
+    int64_t d = a->d, Q = a->Q, row = Q * (d + 2);
+    int64_t orig = a->perm == NULL ? s : a->perm[s];
+    for (int64_t i = 0; i < Q; i++) {
+        float *o = a->out + (orig * Q + i) * d;
+        float top = -INFINITY, total = 0.0f;
+        for (int64_t t = i0; t < i1; t++) top = parts[t * row + i * (d + 2)] > top ? parts[t * row + i * (d + 2)] : top;
+        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+        if (top == -INFINITY) continue; /* nothing to attend to: zeros */
+        for (int64_t t = i0; t < i1; t++) {
+            const float *p = parts + t * row + i * (d + 2);
+            if (p[0] == -INFINITY) continue;
+            float scale = expf(p[0] - top);
+            total += scale * p[1];
+            for (int64_t c = 0; c < d; c++) o[c] += scale * p[2 + c];
+        }
+        float inv = 1.0f / total;
+        for (int64_t c = 0; c < d; c++) o[c] *= inv;
     }
 }
 
 /* Returns 0; -1 if a workspace could not be allocated; -2 if the caller's struct has another size. */
 int ckv_quantized_decode(const CkvDecodeArgs *a) {
     if (a == NULL || a->size != (int64_t)sizeof(CkvDecodeArgs)) return -2;
-    int64_t longest = 0;
-    for (int64_t s = 0; s < a->S; s++) {
-        int64_t n = 0;
-        for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) n += a->blk_len[k];
-        if (n > longest) longest = n;
-    }
-    int64_t stride = longest + a->tail_used * a->group + a->r; /* score columns of the longest segment */
-    int failed = 0;
+    int64_t blocks = a->seg_offsets[a->S] - a->seg_offsets[0];
+    Item *items = (Item *)malloc((size_t)(blocks + a->S + 1) * sizeof(Item));
+    int64_t *first = (int64_t *)malloc((size_t)(a->S + 1) * sizeof(int64_t));
+    int64_t stride = 0;
+    int64_t n = (items && first) ? make_items(a, items, first, &stride) : 0;
+    float *parts = (items && first) ? (float *)malloc((size_t)(n * a->Q * (a->d + 2) + 1) * sizeof(float)) : NULL;
+    int failed = parts == NULL;
     float scaling = (float)a->scaling;
-#pragma omp parallel num_threads(a->threads > 0 ? (int)a->threads : 1)
+    int threads = a->threads > 0 ? (int)a->threads : 1;
+    if (!failed) {
+#pragma omp parallel num_threads(threads)
     {
         Space sp;
-        int ok = space_alloc(&sp, a, stride) == 0;
+        int ok = space_alloc(&sp, a, stride > 0 ? stride : 1) == 0;
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < a->S; s++) {
+        for (int64_t t = 0; t < n; t++) {
             if (!ok) continue;
-            int64_t orig = a->perm == NULL ? s : a->perm[s];
+            const Item *it = items + t;
+            int64_t orig = a->perm == NULL ? it->s : a->perm[it->s];
             for (int64_t x = 0; x < a->Q * a->d; x++) sp.qv[x] = a->query[orig * a->Q * a->d + x] * scaling;
-            int64_t lp = 0;
-            int64_t col = segment_scores(a, &sp, s, stride, &lp);
-            segment_softmax(a, sp.scores, orig, lp, col, stride);
-            segment_values(a, &sp, s, orig, stride);
+            int64_t lp = 0, col = item_scores(a, &sp, it, stride, &lp);
+            float *part = parts + t * a->Q * (a->d + 2);
+            item_softmax(a, sp.scores, orig, lp, col, stride, part);
+            item_values(a, &sp, it, stride, part);
         }
         if (ok) free(sp.buf);
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < a->S; s++)
+            if (!failed) merge_items(a, s, first[s], first[s + 1], parts);
     }
+    }
+    free(items);
+    free(first);
+    free(parts);
     return failed ? -1 : 0;
 }
