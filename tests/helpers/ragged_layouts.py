@@ -136,3 +136,29 @@ def loop_reference(layout: Layout) -> torch.Tensor:
                 continue  # nothing to attend: zeros
             out[i, r] = torch.softmax(scores[r], 0) @ vals
     return out
+
+
+def read_rows(inputs: dict[str, Any]) -> torch.Tensor:
+    """(P,) bool: the pool rows some sequence's entries are (the rest is padding or spare blocks)."""
+    table, lengths, size = inputs["block_table"], inputs["lengths"], inputs["block_size"]
+    starts = inputs.get("entry_starts")
+    used = torch.zeros(int(inputs["key_pool"].shape[0]), dtype=torch.bool)
+    for i, n in enumerate(lengths.tolist()):
+        for pos in range(n):
+            block = int(table[i, pos // size])
+            used[(block * size if starts is None else int(starts[block])) + pos % size] = True
+    return used
+
+
+def poison_padding(layout: Layout) -> Layout:
+    """The layout with NaN in every pool row no sequence owns (16 bits: the entries; 8/4 bits: the
+    per-entry value statistics), so a kernel that reads past a sequence's length gives NaN. The
+    dense entries are unchanged: compare with :func:`loop_reference` (the torch reference gathers
+    row 0 for missing entries, so it may read a poisoned row)."""
+    unused = ~read_rows(layout.inputs)
+    names = ("key_pool", "value_pool") if layout.inputs["bits"] == 16 else ("value_scale", "value_zero")
+    inputs = dict(layout.inputs)
+    for name in names:
+        inputs[name] = inputs[name].clone()
+        inputs[name][unused] = float("nan")
+    return Layout(inputs, layout.keys, layout.values)
