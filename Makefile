@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.criticalkv-installed
 
-.PHONY: install test lint demo clean reproduce test-kvpress
+.PHONY: install test lint demo clean reproduce test-kvpress gpu-check
 
 # kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
 # with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too,
@@ -50,6 +50,13 @@ test: lint
 # the demo's plot needs matplotlib: the [dev] extra that $(STAMP) installs holds [plots]'s
 demo: $(STAMP)
 	$(VENV)/bin/criticalkv demo --out demo-out
+
+# `make gpu-check` (benchmarks/gpu_check.py): on a CUDA GPU, in at most ~8 minutes and offline, the --device cuda
+# tests, the Triton ragged decode op against its torch reference, and a bench at Llama-3.1-8B shapes (random weights,
+# 32K tokens) written to docs/results/gpu.md; without CUDA only its CPU half (seconds, nothing written).
+# Give the venv a CUDA torch first (TORCH_SPEC=torch, or torch installed into .venv)
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # `make reproduce`: every sweep behind docs/results/claims.md (each resumable: an interrupted run
 # continues where it stopped), then the generator. Run times per step: docs/results/claims.md.
