@@ -64,6 +64,7 @@ DEVICE_TESTS = (
     "tests/methods/test_reference_critical.py",
     "tests/methods/test_selection.py",
     "tests/cache/test_memory.py",
+    "tests/ops/test_triton_ragged.py",  # the compiled Triton kernel through the op
 )
 TRITON_MODULE = "criticalkv.ops.triton_ragged"
 GIB, MIB = 2**30, 2**20

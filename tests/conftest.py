@@ -6,14 +6,15 @@ The ``--device`` option
 (the default), ``cuda``, ``cuda:1``, ``mps``, ``xpu``. The device tests are the oracle
 (``tests/cache/test_cache_oracle.py``), the library side of the loop-based references
 (``tests/methods/test_reference_critical.py``; the references themselves run on the CPU in float64), the
-selection invariants (``tests/methods/test_selection.py``) and the memory tests (``tests/cache/test_memory.py``).
+selection invariants (``tests/methods/test_selection.py``), the memory tests (``tests/cache/test_memory.py``)
+and the compiled Triton kernel (``tests/ops/test_triton_ragged.py``, CUDA only).
 They take the session fixture ``device``, build their tiny models and tensors on the CPU with the
 usual seeds (so every device sees the same weights and inputs) and move them there. Every other
 test runs on the CPU whatever the option says. For example::
 
     PYTHONPATH=src python -m pytest --device cuda tests/cache/test_cache_oracle.py \
         tests/methods/test_reference_critical.py tests/methods/test_selection.py tests/cache/test_memory.py \
-        -m "not slow"
+        tests/ops/test_triton_ragged.py -m "not slow"
 
 A device this machine lacks (``torch.cuda.is_available()`` false, ``cuda:3`` on a one-GPU machine)
 skips the device tests with the reason; a string that is no torch device, or a device type torch
