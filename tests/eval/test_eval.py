@@ -159,7 +159,8 @@ def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
 
     (tmp_path / "results.jsonl").write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
     assert JsonLines(tmp_path / "results.jsonl").rows() == [{"a": 1}]
-    assert (tmp_path / "results.jsonl").read_text().endswith("}\n")
+    JsonLines(tmp_path / "results.jsonl").append([{"c": 2}])  # the writer drops it (readers leave the file alone)
+    assert (tmp_path / "results.jsonl").read_text().endswith('{"a": 1}\n{"c": 2}\n')
 
 
 def test_sweep_config_rejects_bad_input(tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ def load_dataset_file(path: str | Path) -> list[Sample]:
                 answers = [answers]
             if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
                 raise ValueError("'answers' must be a non-empty list of strings")
+            if any(not a.strip() for a in answers):
+                raise ValueError("an answer is empty or only whitespace (it would match every prediction)")
             if not str(row["context"]).strip() or not str(row["question"]).strip():
                 raise ValueError("empty context or question")
             metric = row.get("metric", "string_match_part")

@@ -10,31 +10,42 @@ if TYPE_CHECKING:
     from criticalkv.eval.sample import Sample
 
 
-def string_match_all(prediction: str, answers: Sequence[str]) -> float:
-    """Share of the answers found in the prediction, case-insensitive (RULER)."""
+def check_answers(answers: Sequence[str]) -> None:
+    """A ``ValueError`` unless there are answers and none is empty or whitespace only (such an
+    answer is found in every prediction: it would score every method 1.0)."""
     if not answers:
         raise ValueError("no reference answers")
+    if any(not a.strip() for a in answers):
+        raise ValueError(
+            f"a reference answer is empty or only whitespace ({list(answers)!r}): it matches every prediction"
+        )
+
+
+def string_match_all(prediction: str, answers: Sequence[str]) -> float:
+    """Share of the answers found in the prediction, case-insensitive (RULER)."""
+    check_answers(answers)
     pred = prediction.lower()
     return sum(a.lower() in pred for a in answers) / len(answers)
 
 
 def string_match_part(prediction: str, answers: Sequence[str]) -> float:
     """1 if any answer occurs in the prediction, case-insensitive (RULER's QA metric)."""
-    if not answers:
-        raise ValueError("no reference answers")
+    check_answers(answers)
     pred = prediction.lower()
     return float(any(a.lower() in pred for a in answers))
 
 
 def char_credit(prediction: str, answers: Sequence[str]) -> float:
     """Partial credit: for each answer, the longest share of its characters (digits of a needle,
-    say) reproduced in order as a contiguous run; averaged over answers."""
+    say) reproduced in order as a contiguous run; averaged over answers (a blank answer: no credit)."""
     if not answers:
         raise ValueError("no reference answers")
     pred = prediction.lower()
     total = 0.0
     for answer in answers:
         a = answer.lower()
+        if not a.strip():
+            continue  # whitespace is found in any prediction: no credit for it
         # the longest common substring; difflib finds it in ~O(len * matches), not O(len^2) searches
         best = SequenceMatcher(None, a, pred, autojunk=False).find_longest_match(0, len(a), 0, len(pred)).size
         total += best / max(len(a), 1)

@@ -8,7 +8,7 @@ and its history) beside an append-only JSONL log of records, resumed by key.
 """
 
 from criticalkv.runs.folder import FolderLayout, open_folder, read_json, write_json
-from criticalkv.runs.jsonl import JsonLines
+from criticalkv.runs.jsonl import JsonLines, ResultsWriteError
 from criticalkv.runs.lock import DEFAULT_WAIT, FolderBusy, check_folder_path, writer_lock
 from criticalkv.runs.provenance import git_commit, provenance, versions
 
@@ -17,6 +17,7 @@ __all__ = [
     "FolderBusy",
     "FolderLayout",
     "JsonLines",
+    "ResultsWriteError",
     "check_folder_path",
     "git_commit",
     "open_folder",

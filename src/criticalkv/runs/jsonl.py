@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,25 +25,32 @@ def compact_dumps(row: Mapping[str, Any]) -> str:
     return json.dumps(row, separators=(",", ":"))
 
 
+class ResultsWriteError(ValueError):
+    """A row could not be written (a full or read-only disk, no permission): every complete row
+    before it is kept, no partial line is left, and the same command resumes from them."""
+
+
 class JsonLines:
     """Rows of ``path``, one JSON object per line.
 
-    Each row is written with one ``write`` on a descriptor opened with ``O_APPEND``, and the
-    file is synced after each :meth:`append`, so a row is either complete on disk or absent. A
-    torn last line left by a crash is cut off the file when the log is opened or read.
+    Each row is written whole (a short write is continued, a failed one cut back off the file) on a
+    descriptor opened with ``O_APPEND``, and the file is synced after each :meth:`append`, so a row
+    is either complete on disk or absent. Readers never modify the file (another process may be
+    appending to it): an incomplete last line is ignored when read, and cut off by the next
+    :meth:`append`, which the one writer (holding the folder's writer lock) makes.
     """
 
     def __init__(self, path: Path, dumps: Dumps = sorted_dumps) -> None:
         self.path = Path(path)
         self.dumps = dumps
-        self.repair()
+        self._check()
 
     def _check(self) -> None:
         if self.path.is_dir():
             raise ValueError(f"{self.path} is a folder, not a results file; move it out of the way")
 
     def repair(self) -> None:
-        """Cut off an incomplete last line (an interrupted write)."""
+        """Cut off an incomplete last line (an interrupted write). Only the writer calls this."""
         self._check()
         if not self.path.is_file():
             return
@@ -53,14 +61,66 @@ class JsonLines:
         with self.path.open("r+b") as fh:
             fh.truncate(data.rfind(b"\n") + 1)
 
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append ``rows``, one line each, then sync the file.
+
+        Raises
+        ------
+        ResultsWriteError
+            A row could not be written whole (``ENOSPC``, ``EROFS``, ``EACCES``, ...): the rows
+            before it are on disk, the partial one is cut off, and the message says so.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repair()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for row in rows:
+                self._write_line(fd, (self.dumps(row) + "\n").encode("utf-8"))
+            try:
+                os.fsync(fd)
+            except OSError as error:
+                raise self._failure(error) from error
+        finally:
+            os.close(fd)
+
+    def _write_line(self, fd: int, data: bytes) -> None:
+        """Write ``data`` whole, continuing short writes; on failure cut the partial line off."""
+        start = os.fstat(fd).st_size
+        done = 0
+        try:
+            while done < len(data):
+                written = os.write(fd, data[done:])
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += written
+        except OSError as error:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                logger.warning("could not cut the partial line off %s; the next run drops it", self.path)
+            raise self._failure(error) from error
+
+    def _failure(self, error: OSError) -> ResultsWriteError:
+        why = error.strerror or str(error)
+        code = errno.errorcode.get(error.errno or 0, "")
+        return ResultsWriteError(
+            f"could not write to {self.path}: {why}{f' ({code})' if code else ''}; every complete line before "
+            "is kept and no partial line is left: free space (or fix the permissions) and run the same command "
+            "again to resume"
+        )
+
     def numbered_rows(self) -> list[tuple[int, dict[str, Any]]]:
         """``(line number, row)`` of every complete row, in file order; lines that are not a
-        UTF-8 JSON object are skipped with a warning naming the file and line."""
-        self.repair()
+        UTF-8 JSON object are skipped with a warning naming the file and line. An incomplete last
+        line (being written, or torn by an interruption) is ignored; the file is not changed."""
+        self._check()
         if not self.path.is_file():
             return []
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]
         rows = []
-        for number, raw in enumerate(self.path.read_bytes().splitlines(), start=1):
+        for number, raw in enumerate(data.splitlines(), start=1):
             if not raw.strip():
                 continue
             try:
@@ -79,14 +139,3 @@ class JsonLines:
     def rows(self) -> list[dict[str, Any]]:
         """Every complete row, in file order (see :meth:`numbered_rows`)."""
         return [row for _, row in self.numbered_rows()]
-
-    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Append ``rows``, one line (and one write) each, then sync the file."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            for row in rows:
-                os.write(fd, (self.dumps(row) + "\n").encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
