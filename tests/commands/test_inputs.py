@@ -264,3 +264,25 @@ def test_eval_command_sweeps_with_a_head_score_file(
     assert run["identity"]["head_scores"] == head_scores_fingerprint(str(scores_file))
     lines = (out / "results.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["method"] for line in lines) == ["full", "headkv"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--port", "99999"], "--port must be a TCP port between 0 and 65535, not 99999"),
+        (["serve", "--memory-cap", "inf"], "--memory-cap must be a finite positive number of MiB, not inf"),
+        (["serve", "--memory-cap", "nan"], "--memory-cap must be a finite positive number of MiB, not nan"),
+        (
+            ["generate", "--context-file", "README.md", "--question", "q", "--kv-group-size", "8"],
+            "give --kv-bits 8 or 4 too",
+        ),
+    ],
+)
+def test_options_out_of_range_are_a_sentence_before_any_work(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30, cases 7 and 9: `--port 99999` loaded the model and listened nowhere, `--memory-cap inf`
+    was an OverflowError traceback and `nan` "cannot convert float NaN to integer", and `generate
+    --kv-group-size` without `--kv-bits` ran and ignored it."""
+    assert main([*argv[:1], "--model", "/nonexistent/model", *argv[1:]]) == 2
+    assert message in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be at least 1")
     if args.offload_prompt_tokens < 0:
         raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
-    if args.memory_cap <= 0:
-        raise UsageError("--memory-cap must be a positive number of MiB")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be a TCP port between 0 and 65535, not {args.port}")
+    if not math.isfinite(args.memory_cap) or args.memory_cap <= 0:
+        raise UsageError(f"--memory-cap must be a finite positive number of MiB, not {args.memory_cap}")
     storage = cache_options(args)
     config = ServerConfig(
         model_name=args.model,
