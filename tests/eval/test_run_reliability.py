@@ -210,6 +210,24 @@ def test_an_over_long_dataset_line_is_skipped_and_counted(tmp_path: Path, tok, t
     assert "skipped 1 sample(s) longer than the model accepts (not in the table): d line 2" in text
 
 
+def test_a_dataset_line_shorter_than_the_window_is_skipped_and_named(tmp_path: Path, tok, tiny, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, case 8: a line too short for its budget to hold the window ("Hi") stopped the
+    sweep after the good lines with an internal message naming no line; now it is skipped like an
+    over-long line and the report names it."""
+    data = tmp_path / "d.jsonl"
+    good = "The grass is green. " * 6
+    rows = [{"context": good + f"The code is {a}.", "question": "Code?", "answers": [a]} for a in ("7", "8")]
+    rows.insert(1, {"context": "Hi", "question": "?", "answers": ["x"]})
+    write_lines(data, rows)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        run_sweep(_dconfig(out, data, chat=False), tiny, tok)
+    assert "d sample 2 has" in caplog.text and "smaller than the observation window (8 tokens)" in caplog.text
+    assert {r["index"] for r in store.read_results(out)} == {1, 3}
+    text, _ = build_report(out)
+    assert "skipped 1 sample(s) too short for the budget and observation window (not in the table): d line 2" in text
+
+
 def test_a_refused_sweep_writes_nothing(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="at most 1024 positions"):

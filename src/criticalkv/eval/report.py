@@ -153,12 +153,23 @@ def _skipped_note(out_dir: Path, records: Sequence[dict[str, Any]]) -> str:
     skipped = [s for s in read_skipped(out_dir) if sample_key(s) not in computed]
     if not skipped:
         return ""
-    where = ", ".join(f"{s['task']} line {(s.get('meta') or {}).get('line', s['index'])}" for s in skipped[:10])
-    more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
-    return (
-        f"\n\nskipped {len(skipped)} sample(s) longer than the model accepts (not in the table): {where}{more}"
-        f" (see {out_dir / 'skipped.jsonl'})"
-    )
+    lines = []
+    for reason, phrase in SKIP_REASONS.items():
+        these = [s for s in skipped if s.get("reason", "too long") == reason]
+        if not these:
+            continue
+        where = ", ".join(f"{s['task']} line {(s.get('meta') or {}).get('line', s['index'])}" for s in these[:10])
+        more = f" and {len(these) - 10} more" if len(these) > 10 else ""
+        see = out_dir / "skipped.jsonl"
+        lines.append(f"skipped {len(these)} sample(s) {phrase} (not in the table): {where}{more} (see {see})")
+    return "\n\n" + "\n".join(lines) if lines else ""
+
+
+#: why a sample was skipped (``skipped.jsonl``'s ``reason``) and how the report says it
+SKIP_REASONS = {
+    "too long": "longer than the model accepts",
+    "too short": "too short for the budget and observation window",
+}
 
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None) -> list[Path]:

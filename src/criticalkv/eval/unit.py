@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from criticalkv.budgets.resolve import Budget
+from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.eval.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
 from criticalkv.eval.fidelity import Fidelity, fidelity
 from criticalkv.eval.metrics import bind_metric, char_credit
@@ -52,7 +52,9 @@ def pending_pairs(sample: Sample, length: int, pairs: Sequence[Pair], done: Mapp
 
 
 class SampleTooLong(ValueError):
-    """A sample needs more positions than the model has; ``skip`` is its line for ``skipped.jsonl``."""
+    """A sample the model cannot run: it needs more positions than the model has, or (reason
+    ``too short``) holds fewer tokens than the observation window; ``skip`` is its line for
+    ``skipped.jsonl``."""
 
     def __init__(self, message: str, skip: dict[str, Any]) -> None:
         super().__init__(message)
@@ -148,6 +150,7 @@ class SampleEvaluator:
         aware = config.mode == "question-aware"
         prompt = ctx + qst if aware else ctx
         self._check_fits(length, sample, len(ctx) + len(qst) + max(min(sample.max_new_tokens, self.cap), len(gold)))
+        self._check_window(length, sample, len(prompt), pending)
         ids, mask = left_pad([prompt], self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         started = time.perf_counter()
@@ -198,6 +201,26 @@ class SampleEvaluator:
                 "meta": sample.meta,
             },
         )
+
+    def _check_window(self, length: int, sample: Sample, compressed: int, pending: Sequence[Pair]) -> None:
+        """:class:`SampleTooLong` (reason ``too short``) if some pending budget of the compressed
+        prompt cannot hold the observation window (or exceeds the prompt)."""
+        for _, budget in pending:
+            try:
+                resolve_budget(budget, torch.tensor([compressed]), self.window)
+            except ValueError as error:
+                raise SampleTooLong(
+                    f"{sample.task} sample {sample.index} has {compressed} tokens to compress: {error}",
+                    {
+                        "task": sample.task,
+                        "length": length,
+                        "index": sample.index,
+                        "reason": "too short",
+                        "tokens": compressed,
+                        "window": self.window,
+                        "meta": sample.meta,
+                    },
+                ) from None
 
     def _record(
         self, length: int, sample: Sample, pair: Pair, done: RowOutcome, fid: Fidelity, shared: dict[str, Any]
