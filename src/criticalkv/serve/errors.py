@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -49,4 +52,7 @@ def server_error(error: Exception) -> APIError:
     """``error`` as the request's answer: an :class:`APIError` as it is, anything else a 500."""
     if isinstance(error, APIError):
         return error
-    return APIError(500, f"the server failed on this request: {error}", type="server_error")
+    logger.error("the server failed on a request", exc_info=error)  # the details stay in the server's log
+    return APIError(
+        500, f"the server failed on this request ({type(error).__name__}; see the server's log)", type="server_error"
+    )

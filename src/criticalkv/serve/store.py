@@ -86,10 +86,18 @@ class ContextStore:
         logger.info("store %s: %d contexts on disk", self.folder, len(self._entries))
 
     def _read_entry(self, path: Path) -> StoredContext | None:
-        """The context whose file is ``path`` (header only), or None if it is not a readable one."""
+        """The context whose file is ``path`` (header only), or None if it is not a readable one,
+        is a symbolic link, or holds another id than the one it is stored under (a swapped or
+        renamed file: the store trusts only what it wrote under that name)."""
         try:
+            if path.is_symlink():
+                logger.warning("skipping %s: a symbolic link (the store follows none)", path)
+                return None
             header = read_header(path)
             fields = header["fields"]
+            if fields.get("id") != path.name.removesuffix(SUFFIX):
+                logger.warning("skipping %s: it holds context %r, not the one its name says", path, fields.get("id"))
+                return None
             return StoredContext(
                 **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
                 window=fields["window"],
@@ -176,6 +184,7 @@ class ContextStore:
             if entry.cache is not None:
                 return entry, entry.cache
         try:
+            self._check_file(context_id)
             cache = CompressedCache.load(self._path(context_id), self.model, self.tokenizer)
         except FileNotFoundError:  # deleted meanwhile, by another server sharing the folder
             with self._lock:
@@ -185,6 +194,20 @@ class ContextStore:
             if context_id in self._entries:
                 self._hold(entry, cache)
         return entry, cache
+
+    def _check_file(self, context_id: str) -> None:
+        """A 409 unless the file stored under ``context_id`` is a plain file holding that context."""
+        path = self._path(context_id)
+        held = None if path.is_symlink() else read_header(path).get("fields", {}).get("id")
+        if held != context_id:
+            logger.warning("refusing %s: it holds context %r, not %r (swapped or linked)", path, held, context_id)
+            raise APIError(
+                409,
+                f"the stored file of context {context_id!r} holds another context (it was replaced on disk); "
+                "create the context again with POST /v1/contexts",
+                param="context_id",
+                code="context_replaced",
+            )
 
     def _hold(self, entry: StoredContext, cache: CompressedCache) -> None:
         """Keep ``entry`` in memory, spilling the least recently used others to stay under the cap."""
