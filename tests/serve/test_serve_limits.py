@@ -116,3 +116,24 @@ def test_methods_the_model_cannot_serve_are_refused_at_startup(tmp_path: Path) -
     model, tokenizer = attach(make_tiny("llama")), char_tokenizer()
     with pytest.raises(ValueError, match=r"'headkv' cannot be served on this model.*head"):
         Engine(model, tokenizer, server_config(tmp_path, methods=("headkv",)))
+
+
+@pytest.mark.parametrize("path", ["/v1/contexts", "/v1/chat/completions"])
+def test_a_lone_surrogate_is_a_400_naming_the_field(server: tuple[str, Engine], path: str) -> None:
+    """Issue 30, case 7: a lone surrogate ("\\ud800" is valid JSON) in a document or a message was
+    a 500 text/plain that reset the keep-alive connection; now a 400 naming the field, and the
+    same connection answers the next request."""
+    url, _ = server
+    raw = '"some text \\ud800 and more"'  # the escape itself, as a client sends it
+    body = (
+        '{"text": ' + raw + "}"
+        if path == "/v1/contexts"
+        else '{"model": "tiny", "messages": [{"role": "user", "content": ' + raw + "}]}"
+    )
+    with httpx.Client(base_url=url, timeout=60) as http:
+        answer = http.post(path, content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert "lone surrogate (\\ud800)" in error["message"]
+        assert error["param"] == ("text" if path == "/v1/contexts" else "messages.0.content")
+        assert http.get("/v1/models").status_code == 200  # the connection still serves

@@ -31,7 +31,8 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
     if any(p.get("type") == "json_invalid" for p in problems):
         return "the request body is not valid JSON", None
     first = problems[0] if problems else {}
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    # pydantic names a union's branch or a validator in the location ("function-after[...]"): not a field
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body" and "[" not in str(part)) or None
     return f"{where or 'body'}: {first.get('msg', 'invalid value')}", where
 
 

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _encodable(value: str) -> str:
+    """``value`` if it is valid Unicode text; a lone surrogate (valid JSON, ``"\\ud800"``) is refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start : error.end].encode("unicode_escape").decode("ascii")
+        raise ValueError(
+            f"not valid Unicode text: a lone surrogate ({bad}) at character {error.start}; send UTF-8 text"
+        ) from None
+    return value
+
+
+#: request text: any string that is valid Unicode (what the tokenizer can encode)
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -36,7 +52,7 @@ class Compression(BaseModel):
 
 
 class ContextCreate(Compression):
-    text: str
+    text: Text
 
 
 class ChatRequest(Compression):
