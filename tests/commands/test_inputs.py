@@ -7,6 +7,7 @@ Tiny random models saved to a folder stand in for a real one (``--model FOLDER``
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -286,3 +287,30 @@ def test_options_out_of_range_are_a_sentence_before_any_work(
     --kv-group-size` without `--kv-bits` ran and ignored it."""
     assert main([*argv[:1], "--model", "/nonexistent/model", *argv[1:]]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "--model", "/nonexistent/model", "--out", "{folder}/run"],
+        ["perturbation", "--model", "/nonexistent/model", "--out", "{folder}/run"],
+        ["head-scores", "--model", "/nonexistent/model", "--out", "{folder}/scores.json"],
+        ["serve", "--model", "/nonexistent/model", "--store", "{folder}/store"],
+        ["report", "{folder}"],
+    ],
+    ids=["eval", "perturbation", "head-scores", "serve", "report"],
+)
+def test_an_unwritable_folder_is_a_sentence_before_the_model_loads(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30, case 6: `eval --out` on a read-only filesystem, `report` on a read-only folder and
+    `serve --store` on a read-only mount ended in OSError tracebacks (eval's after the model
+    loaded). Every command that writes now checks its folder first (simulated: this test may run
+    as root, for whom permissions do not bind, so the folder is made to look unwritable)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == folder else real_access(p, mode))
+    assert main([part.replace("{folder}", str(folder)) for part in command]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder} is not writable; choose another folder" in err and "Traceback" not in err

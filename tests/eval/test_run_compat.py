@@ -150,6 +150,8 @@ def test_a_folder_made_with_an_optional_setting_never_resumes_without_it(
     recorded = {**recorded, "methods": ["full", "snapkv", "critical-snapkv"]}  # they all re-select
     with_option = _config(recorded, out, **{option: value})
     store.open_run(tmp_path / "fresh", with_option.identity(), with_option.to_json())
+    first = (out / "results.jsonl").read_text().splitlines()[0]
+    (tmp_path / "fresh" / "results.jsonl").write_text(first + "\n")  # a folder with results is protected
     plain = _config(recorded, tmp_path / "fresh")
     with pytest.raises(ValueError, match=rf"different configuration .*{option}: {there} there, None now"):
         store.open_run(tmp_path / "fresh", plain.identity(), plain.to_json())

@@ -23,6 +23,7 @@ LAYOUT = FolderLayout(
     "or the same settings to resume",
     separator=", ",
     trailing_newline=True,
+    results_file="results.jsonl",
 )
 
 Key = tuple[int, str, str]

@@ -28,6 +28,7 @@ LAYOUT = FolderLayout(
     mismatch="{out} holds bench records of a different setup ({diff}); use another --out",
     trailing_newline=True,
     optional=("norm_precision", "head_scores"),
+    results_file="records.jsonl",
 )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from criticalkv.commands import scale
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
-from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores
+from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 from criticalkv.runtime import MODES
 from criticalkv.scores.value_norms import NORM_PRECISIONS
 
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.report import build_report
     from criticalkv.eval.store import check_run
 
+    output_folder(args.out, "--out")  # a file, an unwritable folder: a sentence before any work
     tasks = None if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == [] and not args.dataset:
         raise UsageError("no tasks given")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from criticalkv.commands.common import UsageError, add_model_arguments
+from criticalkv.commands.inputs import output_folder
 
 NAME = "head-scores"
 HELP = "compute per-head retrieval(-reasoning) importance scores for HeadKV budgets"
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.exists() and args.out.is_dir():
         raise UsageError(f"--out {args.out} is a folder; give a file name such as {args.out / 'scores.json'}")
+    output_folder(args.out.parent, f"--out {args.out}: its folder")
     params = ScoringParameters(
         lengths=args.lengths, depths=args.depths, seed=args.seed, min_accuracy=args.min_accuracy, chat=not args.no_chat
     )

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg
+from criticalkv.commands.inputs import output_folder
 
 NAME = "perturbation"
 HELP = "per-head output perturbation, its bound and hidden-state drift: base methods vs their Critical variants"
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.plotting import require_matplotlib
 
     require_matplotlib()  # for the heatmaps and curves, before anything is measured
+    output_folder(args.out, "--out")
     if args.report_only:
         report = write_report(args.out)
         print(report.text)

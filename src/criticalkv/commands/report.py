@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from criticalkv.commands.common import UsageError
+from criticalkv.commands.inputs import output_folder
 
 NAME = "report"
 HELP = "rebuild summary.csv, the tables and the plots of a sweep folder from its results.jsonl"
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out.is_dir():
         raise UsageError(f"{args.out} is not a folder")
+    output_folder(args.out, "the report's folder")  # it writes summary.csv and the plots there
     text, plots = build_report(args.out, args.bar_budget, buckets=args.buckets)
     print(text)
     print("plots: " + ", ".join(str(p) for p in plots))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from criticalkv.commands.cache_options import add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
+from criticalkv.commands.inputs import output_folder
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be a TCP port between 0 and 65535, not {args.port}")
     if not math.isfinite(args.memory_cap) or args.memory_cap <= 0:
         raise UsageError(f"--memory-cap must be a finite positive number of MiB, not {args.memory_cap}")
+    if args.store is not None:
+        output_folder(args.store, "--store")  # a file or a read-only mount: a sentence, not a traceback
     storage = cache_options(args)
     config = ServerConfig(
         model_name=args.model,

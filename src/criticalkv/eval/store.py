@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.runs import FolderLayout, JsonLines, check_folder_path, git_commit, open_folder, read_json, versions
-from criticalkv.runs.folder import identity_diff
+from criticalkv.runs.folder import holds_results, identity_diff
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ LAYOUT = FolderLayout(
         "decode_interval",
         "head_scores",
     ),
+    results_file="results.jsonl",
 )
 
 _TEXT = (str,)
@@ -190,7 +191,7 @@ def check_run(out_dir: Path, identity: Mapping[str, Any]) -> None:
     if (out_dir / RUN).exists():
         before = read_json(out_dir / RUN).get(LAYOUT.identity_key, {})
         diff = identity_diff(LAYOUT, before, identity)
-        if diff:
+        if diff and holds_results(out_dir, LAYOUT):  # a folder with no result yet is taken over (open_run)
             raise ValueError(LAYOUT.mismatch.format(out=out_dir, diff=LAYOUT.separator.join(diff)))
     for name in (RESULTS, SKIPPED):
         if (out_dir / name).is_dir():

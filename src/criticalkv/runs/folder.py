@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class FolderLayout:
     trailing_newline : end the file with a newline.
     optional : keys written only when set (absent means unset); with ``exact=False`` they are
         compared in both directions, so a folder made with one never resumes without it.
+    results_file : the folder's results (``results.jsonl``): while it holds no complete line, a
+        folder of another identity is not refused but taken over (a run stopped before its first
+        result, or refused after writing its config, leaves nothing to protect).
     """
 
     config_file: str
@@ -36,6 +42,18 @@ class FolderLayout:
     separator: str = "; "
     trailing_newline: bool = False
     optional: tuple[str, ...] = ()
+    results_file: str | None = None
+
+
+def holds_results(out_dir: Path, layout: FolderLayout) -> bool:
+    """Whether the folder's results file holds a complete line (without one: always, to be safe)."""
+    if layout.results_file is None:
+        return True
+    path = out_dir / layout.results_file
+    if not path.is_file():
+        return False
+    data = path.read_bytes()
+    return any(line.strip() for line in data[: data.rfind(b"\n") + 1].splitlines())
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -102,8 +120,10 @@ def open_folder(
     config = read_json(path)
     if path.is_file():
         diff = identity_diff(layout, config.get(layout.identity_key, {}), identity)
-        if diff:
+        if diff and holds_results(out_dir, layout):
             raise ValueError(layout.mismatch.format(out=out_dir, diff=layout.separator.join(diff)))
+        if diff:
+            logger.warning("%s holds no results yet: its configuration is replaced (%s)", out_dir, "; ".join(diff))
         config[layout.identity_key] = dict(identity)
     else:
         config = {layout.identity_key: dict(identity), **new(), layout.history_key: []}
