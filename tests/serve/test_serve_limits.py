@@ -137,3 +137,17 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server: tuple[str, Engine], 
         assert "lone surrogate (\\ud800)" in error["message"]
         assert error["param"] == ("text" if path == "/v1/contexts" else "messages.0.content")
         assert http.get("/v1/models").status_code == 200  # the connection still serves
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(tmp_path: Path) -> None:
+    """Issue 30, case 7: a 20 MB body was tokenised on the event loop before admission (every route
+    stopped answering for 26-36 s, memory grew 1.6 GB); there was no body limit. Now a body over
+    ``max_body_bytes`` is refused by its Content-Length, unread, and the server goes on answering."""
+    config = server_config(tmp_path / "store", max_body_bytes=4096)
+    with live_server(config) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        answer = http.post("/v1/contexts", json={"text": "x" * 10_000})
+        assert answer.status_code == 413
+        error = answer.json()["error"]
+        assert error["code"] == "request_too_large"
+        assert "more than this server accepts (4096 bytes" in error["message"]
+        assert http.post("/v1/contexts", json={"text": document(1)}).status_code == 200

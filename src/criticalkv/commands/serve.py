@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-window", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens one answer may ask for")
     p.add_argument("--memory-cap", type=float, default=2048, help="MiB of stored contexts' KV held in memory")
+    p.add_argument(
+        "--max-body-mib", type=float, default=16, help="request bodies above this many MiB are refused (413) unread"
+    )
     p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
     p.add_argument("--max-batch", type=int, default=8, help="answers decoded at once as one batch (per replica)")
     p.add_argument(
@@ -58,21 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_binding(args.host, api_key, args.force)
-    if isinstance(args.budget, int):
-        raise UsageError("--budget must be a fraction of the context in (0, 1] for the server")
-    for flag, value in (
-        ("--max-new-tokens", args.max_new_tokens),
-        ("--max-sessions", args.max_sessions),
-        ("--max-batch", args.max_batch),
-    ):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1")
-    if args.offload_prompt_tokens < 0:
-        raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be a TCP port between 0 and 65535, not {args.port}")
-    if not math.isfinite(args.memory_cap) or args.memory_cap <= 0:
-        raise UsageError(f"--memory-cap must be a finite positive number of MiB, not {args.memory_cap}")
+    _check_limits(args)
     if args.store is not None:
         output_folder(args.store, "--store")  # a file or a read-only mount: a sentence, not a traceback
     storage = cache_options(args)
@@ -86,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         max_window=args.max_window,
         max_new_tokens=args.max_new_tokens,
         memory_cap_bytes=int(args.memory_cap * 2**20),
+        max_body_bytes=int(args.max_body_mib * 2**20),
         max_sessions=args.max_sessions,
         max_batch=args.max_batch,
         offload_prompt_tokens=args.offload_prompt_tokens,
@@ -111,6 +101,27 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    """Every numeric option in range and finite, each refusal one sentence naming its flag."""
+    if isinstance(args.budget, int):
+        raise UsageError("--budget must be a fraction of the context in (0, 1] for the server")
+    for flag, value in (
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--max-sessions", args.max_sessions),
+        ("--max-batch", args.max_batch),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if args.offload_prompt_tokens < 0:
+        raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be a TCP port between 0 and 65535, not {args.port}")
+    if not math.isfinite(args.max_body_mib) or args.max_body_mib <= 0:
+        raise UsageError(f"--max-body-mib must be a finite positive number of MiB, not {args.max_body_mib}")
+    if not math.isfinite(args.memory_cap) or args.memory_cap <= 0:
+        raise UsageError(f"--memory-cap must be a finite positive number of MiB, not {args.memory_cap}")
 
 
 def _run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:

@@ -54,6 +54,24 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(APIError(error.status_code, str(error.detail), type=kind).body(), error.status_code)
 
 
+def _add_body_limit(app: FastAPI, engine: Engine) -> None:
+    """Refuse a body over ``max_body_bytes`` (its ``Content-Length``) with a 413 before reading it."""
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        limit = engine.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            error = APIError(
+                413,
+                f"the request body has {int(declared)} bytes, more than this server accepts ({limit} bytes, "
+                "--max-body-mib); send a shorter document or ask the operator to raise the limit",
+                code="request_too_large",
+            )
+            return JSONResponse(error.body(), status_code=413)
+        return await call_next(request)
+
+
 def _add_authentication(app: FastAPI, engine: Engine) -> None:
     """With an API key configured, require ``Authorization: Bearer <key>`` on every route."""
 
@@ -78,7 +96,7 @@ async def _create_context(body: ContextCreate, engine: Engine) -> dict[str, Any]
     method, budget, window = engine.config.compression(body.method, body.budget, body.window)
     if not body.text.strip():
         raise invalid("text is empty; send the document to compress", "text")
-    ids = engine.context_ids(body.text)
+    ids = await asyncio.to_thread(engine.context_ids, body.text)  # a long document: off the event loop
     if len(ids) < window:
         raise invalid(
             f"the document has {len(ids)} tokens, fewer than the observation window ({window}); "
@@ -145,6 +163,7 @@ def build_app(engine: Engine) -> FastAPI:
 
     app = FastAPI(title="criticalkv", lifespan=lifespan)
     _add_error_handlers(app)
+    _add_body_limit(app, engine)  # inside authentication (the last added runs first)
     _add_authentication(app, engine)
     _add_routes(app, engine)
     return app

@@ -161,7 +161,7 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
 
 async def answer(body: ChatRequest, engine: Engine) -> JSONResponse | StreamingResponse:
     """Validate, admit (429 when full), submit; the whole answer or an SSE stream of it."""
-    work = validate(body, engine)
+    work = await asyncio.to_thread(validate, body, engine)  # tokenising a long prompt: off the event loop
     engine.admit()
     channel = Channel(asyncio.get_running_loop())
     engine.submit_chat(work, channel)

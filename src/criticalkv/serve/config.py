@@ -44,6 +44,8 @@ class ServerConfig:
     kv_group_size: int | None = None  # None: the bit width's default (quant_spec.DEFAULT_GROUP_SIZES)
     kv_residual: int | None = None
     api_key: str | None = field(default=None, repr=False)
+    #: request bodies above this many bytes are refused (413) before they are read or parsed
+    max_body_bytes: int = 16 * 2**20
 
     def allowed_methods(self) -> tuple[str, ...]:
         return (self.method, *[m for m in self.methods if m != self.method])
