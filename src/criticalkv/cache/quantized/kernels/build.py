@@ -5,7 +5,10 @@ library goes into ``$CRITICALKV_CACHE_DIR/kernels`` (default ``~/.cache/critical
 or under ``$XDG_CACHE_HOME``), named by a hash of the source, the compiler, its flags and the
 machine (its architecture and CPU flags, as ``-march=native`` code only runs where it was built),
 written to a temporary file and renamed into place, so concurrent processes never load a partial
-file. ``$CC`` names the compiler (default ``cc``, then ``gcc``).
+file. ``$CC`` names the compiler (default ``cc``, then ``gcc``). Nothing there is loaded unless this
+code built it: each library's sha256 is recorded beside it and checked before loading, and the
+folder and files must be the user's own (:mod:`.trust`); a foreign, damaged or truncated library
+is built again with a warning, and a folder that cannot be written means the torch kernel.
 
 ``CRITICALKV_KERNEL`` chooses: ``auto`` (the default: the C kernel where it builds, else one
 logged warning and the torch kernel), ``c`` (the C kernel or an error saying why not), ``torch``
@@ -26,6 +29,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from criticalkv.cache.quantized.kernels import trust
 from criticalkv.cache.quantized.kernels.args import DecodeArgs
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ FLAG_SETS: tuple[tuple[str, ...], ...] = (
     ("-O3", "-march=native", "-shared", "-fPIC"),  # a compiler without OpenMP: one thread
     ("-O3", "-shared", "-fPIC"),
 )
+
+#: how the reason for a missing compiler starts
+NO_COMPILER = "no C compiler found"
 
 _loaded: dict[tuple[str, str, str], ctypes.CDLL | str] = {}  # (compiler, source hash, folder) -> library or why not
 
@@ -56,8 +63,11 @@ def bind_decode(library: ctypes.CDLL) -> ctypes.CDLL | str:
     return library
 
 
-class KernelUnavailable(RuntimeError):
-    """``CRITICALKV_KERNEL=c`` was asked for and the C kernel cannot be built or loaded."""
+class KernelUnavailable(RuntimeError, ValueError):
+    """``CRITICALKV_KERNEL=c`` was asked for and the C kernel cannot be built or loaded.
+
+    Also a :class:`ValueError`: the fix is a setting the user controls (``CRITICALKV_KERNEL``,
+    ``CC``, the cache folder), so the command line prints it as one error line, not a traceback."""
 
 
 def kernel_mode() -> str:
@@ -107,31 +117,74 @@ def _compiler_version(compiler: str) -> str:
     return done.stdout.splitlines()[0] if done.stdout else ""
 
 
+def _run_compiler(compiler: str, flags: tuple[str, ...], source: Path, output: str) -> str | None:
+    """Run the compiler once; ``None`` on success, else its complaint."""
+    try:
+        done = subprocess.run(
+            [compiler, *flags, "-o", output, str(source), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return str(error)
+    if done.returncode == 0:
+        return None
+    return (done.stderr or done.stdout).strip()[-2000:] or "the compiler failed without a message"
+
+
 def _compile(compiler: str, source: Path, target: Path) -> str | None:
-    """Compile ``source`` into ``target`` atomically; ``None`` on success, else the compiler's complaint."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compile ``source`` into ``target`` atomically, its digest recorded first (:mod:`.trust`);
+    ``None`` on success, else the compiler's complaint. Raises ``OSError`` if the folder cannot be
+    written."""
     complaint = ""
     for flags in FLAG_SETS:
         handle, temp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(handle)
         try:
-            done = subprocess.run(
-                [compiler, *flags, "-o", temp, str(source), "-lm"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            if done.returncode == 0:
+            complaint = _run_compiler(compiler, flags, source, temp) or ""
+            if not complaint:
+                os.chmod(temp, 0o700)  # the user's alone, whatever the umask
+                trust.write_record(Path(temp), target)
                 os.replace(temp, target)
                 return None
-            complaint = (done.stderr or done.stdout).strip()[-2000:]
-        except (OSError, subprocess.SubprocessError) as error:
-            complaint = str(error)
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
-    return complaint or "the compiler failed without a message"
+    return complaint
+
+
+def _prepare(compiler: str, source: Path, target: Path) -> str | None:
+    """Make ``target`` a library this code built and recorded (building it, or deleting a foreign or
+    damaged one and building it again, under the folder's lock); ``None`` once it is, else why not."""
+    folder = target.parent
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        return trust.unwritable(folder, error)
+    problem = trust.folder_problem(folder)
+    if problem is not None:
+        return problem
+    verdict = trust.verify(target)
+    if verdict.ok or not verdict.rebuild:
+        return verdict.reason or None
+    refused = f"{target} was not loaded: {verdict.reason}" if verdict.reason else ""
+    try:
+        with trust.folder_lock(folder):
+            verdict = trust.verify(target)  # another process may have built it meanwhile
+            if verdict.ok or not verdict.rebuild:
+                return verdict.reason or None
+            if verdict.reason:
+                trust.discard(target)
+                logger.warning("not loading %s: %s; building it again", target, verdict.reason)
+            complaint = _compile(compiler, source, target)
+    except OSError as error:
+        return trust.unwritable(folder, error, refused)
+    if complaint is not None:
+        return f"compiling {source.name} with {compiler} into {folder} failed: {complaint}"
+    verdict = trust.verify(target)
+    return None if verdict.ok else f"{target} is not the library just built: {verdict.reason}"
 
 
 @functools.cache
@@ -148,7 +201,7 @@ def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
     if compiler is None:
         wanted = os.environ.get("CC")
         why = f"CC={wanted} is not an executable" if wanted else "neither cc nor gcc is on PATH"
-        return f"no C compiler found ({why}): install gcc or set CC to one"
+        return f"{NO_COMPILER} ({why}): install gcc or set CC to one"
     source, code = _source(name)
     folder = kernel_dir()
     key = (compiler, hashlib.sha256(code).hexdigest(), str(folder))
@@ -168,12 +221,10 @@ def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
     ).hexdigest()[:20]
     target = folder / f"{name}-{fingerprint}.so"
     result: ctypes.CDLL | str
-    if not target.exists():
-        complaint = _compile(compiler, source, target)
-        if complaint is not None:
-            result = f"compiling {source.name} with {compiler} into {folder} failed: {complaint}"
-            _loaded[key] = result
-            return result
+    problem = _prepare(compiler, source, target)
+    if problem is not None:
+        _loaded[key] = problem
+        return problem
     try:
         library = ctypes.CDLL(str(target))
         result = bind_decode(library)
@@ -208,7 +259,8 @@ def decode_kernel() -> ctypes.CDLL | None:
     if mode == "c":
         raise KernelUnavailable(
             f"{KERNEL_ENV}=c but the C decode kernel is unavailable: {library}. "
-            f"Install a C compiler (gcc), or set {KERNEL_ENV}=auto or torch to use the torch kernel."
+            f"{'Install a C compiler (gcc)' if library.startswith(NO_COMPILER) else 'Fix that'}, "
+            f"or set {KERNEL_ENV}=auto or torch to use the torch kernel."
         )
     if library not in _warned:
         _warned.add(library)
