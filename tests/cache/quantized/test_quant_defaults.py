@@ -85,6 +85,7 @@ def test_a_folder_made_under_an_older_default_does_not_resume(tmp_path: Path) ->
     config = SweepConfig(out=tmp_path, tasks=["niah_single_1"], methods=["snapkv"], budgets=[0.2], kv_bits=8)
     older = {k: v for k, v in config.identity().items() if k != "kv_group_size"}
     open_folder(tmp_path, LAYOUT, older)
+    (tmp_path / "results.jsonl").write_text('{"task": "niah_single_1"}\n')  # it holds results: protected
     with pytest.raises(ValueError, match=r"kv_group_size: None there, 32 now.*use another --out"):
         open_folder(tmp_path, LAYOUT, config.identity())
     open_folder(tmp_path / "same", LAYOUT, config.identity())
