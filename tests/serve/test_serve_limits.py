@@ -7,6 +7,7 @@ OpenAI-style error naming the parameter at fault, and the server's state does no
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,20 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(tmp_path: Path) -> Non
         assert error["code"] == "request_too_large"
         assert "more than this server accepts (4096 bytes" in error["message"]
         assert http.post("/v1/contexts", json={"text": document(1)}).status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_a_413_and_one_under_it_is_served(tmp_path: Path) -> None:
+    """A body sent without a Content-Length (chunked) is counted as it arrives."""
+
+    def chunks(text: str) -> Iterator[bytes]:
+        data = json.dumps({"text": text}).encode()
+        for start in range(0, len(data), 1000):
+            yield data[start : start + 1000]
+
+    config = server_config(tmp_path / "store", max_body_bytes=4096)
+    headers = {"content-type": "application/json"}
+    with live_server(config) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        answer = http.post("/v1/contexts", content=chunks("x" * 10_000), headers=headers)
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "request_too_large"
+        served = http.post("/v1/contexts", content=chunks(document(2)), headers=headers)
+        assert served.status_code == 200, served.text

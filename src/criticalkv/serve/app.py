@@ -54,21 +54,33 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(APIError(error.status_code, str(error.detail), type=kind).body(), error.status_code)
 
 
+def _too_large(size: str, limit: int) -> JSONResponse:
+    error = APIError(
+        413,
+        f"the request body has {size} bytes, more than this server accepts ({limit} bytes, --max-body-mib); "
+        "send a shorter document or ask the operator to raise the limit",
+        code="request_too_large",
+    )
+    return JSONResponse(error.body(), status_code=413)
+
+
 def _add_body_limit(app: FastAPI, engine: Engine) -> None:
-    """Refuse a body over ``max_body_bytes`` (its ``Content-Length``) with a 413 before reading it."""
+    """Refuse a body over ``max_body_bytes`` with a 413: by its ``Content-Length`` before reading it,
+    or, sent without one (chunked), as soon as what arrived passes the limit."""
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         limit = engine.config.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            error = APIError(
-                413,
-                f"the request body has {int(declared)} bytes, more than this server accepts ({limit} bytes, "
-                "--max-body-mib); send a shorter document or ask the operator to raise the limit",
-                code="request_too_large",
-            )
-            return JSONResponse(error.body(), status_code=413)
+            return _too_large(declared, limit)
+        if not declared and request.method in ("POST", "PUT", "PATCH"):
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    return _too_large(f"more than {limit}", limit)
+            request._body = bytes(body)
         return await call_next(request)
 
 
