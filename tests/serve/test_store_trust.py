@@ -21,16 +21,19 @@ from tests.conftest import make_tiny, padded_batch
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
 
-def _store_two(folder: Path) -> tuple[ContextStore, str, str]:
+def _store_two(folder: Path, one_in_memory: bool = False) -> tuple[ContextStore, str, str]:
+    """Two stored contexts (``one_in_memory``: a cap that holds one, so the first is spilled)."""
     model, tokenizer = ckv.attach(make_tiny("llama")), char_tokenizer()
-    store = ContextStore(folder, 10**9, model, tokenizer)
-    ids = []
+    caches = []
     for seed in (1, 2):
         tokens, mask = padded_batch([30], seed=seed)
         cache = ckv.CompressedCache.for_model(model, "snapkv", 0.5, window=4)
         with torch.no_grad():
             prefill_into(model, cache, tokens, mask)
-        ids.append(store.add(cache, 30, "snapkv", 0.5, 4).id)
+        caches.append(cache)
+    cap = max(c.kv_bytes() for c in caches) + 1 if one_in_memory else 10**9
+    store = ContextStore(folder, cap, model, tokenizer)
+    ids = [store.add(cache, 30, "snapkv", 0.5, 4).id for cache in caches]
     return store, ids[0], ids[1]
 
 
@@ -60,3 +63,20 @@ def test_a_renamed_copy_or_a_link_is_not_served(tmp_path: Path) -> None:
 def test_a_500_names_no_path() -> None:
     error = server_error(FileNotFoundError(2, "No such file or directory", "/srv/store/ctx_abc.ckv"))
     assert error.status == 500 and "/srv/store" not in error.message and "FileNotFoundError" in error.message
+
+
+def test_a_file_under_the_right_id_but_not_the_one_written_is_refused(tmp_path: Path) -> None:
+    """A file claiming context A's id, written by someone else (its checksum is not the one the
+    store recorded when it wrote A), is refused too; a store without records still serves."""
+    store, a, b = _store_two(tmp_path, one_in_memory=True)  # A is on disk only
+    assert store.info(a)["in_memory"] is False
+    fields = {k: v for k, v in store.info(b).items() if k not in ("object", "in_memory", "kv_bits")} | {"id": a}
+    _, other = store.get(b)
+    other.save(tmp_path / f"{a}.ckv", store.model, store.tokenizer, mode="question-agnostic", **fields)
+    with pytest.raises(APIError) as refused:
+        store.get(a)
+    assert refused.value.status == 409 and "holds another context" in refused.value.message
+    fresh = ContextStore(tmp_path, 10**9, store.model, store.tokenizer)
+    assert not fresh.has(a) and fresh.has(b)  # skipped when the folder is read again
+    (tmp_path / f"{b}.sum").unlink()  # an older store, without records: trusted by its id alone
+    assert ContextStore(tmp_path, 10**9, store.model, store.tokenizer).has(b)

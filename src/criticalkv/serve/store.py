@@ -10,6 +10,7 @@ a context whose file is gone is gone for all.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import threading
@@ -26,6 +27,8 @@ from criticalkv.serve.errors import APIError, not_found
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".ckv"
+#: beside each stored file, the checksum of the file as this store wrote it
+SUM_SUFFIX = ".sum"
 _ID = re.compile(r"^ctx_[0-9a-f]{24}$")
 
 
@@ -98,6 +101,9 @@ class ContextStore:
             if fields.get("id") != path.name.removesuffix(SUFFIX):
                 logger.warning("skipping %s: it holds context %r, not the one its name says", path, fields.get("id"))
                 return None
+            if not self._written_here(str(fields["id"]), header):
+                logger.warning("skipping %s: its checksum is not the one recorded when it was written", path)
+                return None
             return StoredContext(
                 **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
                 window=fields["window"],
@@ -128,6 +134,7 @@ class ContextStore:
             self._entry(context_id)
             del self._entries[context_id]
             self._path(context_id).unlink(missing_ok=True)
+            self._path(context_id).with_suffix(SUM_SUFFIX).unlink(missing_ok=True)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -171,6 +178,7 @@ class ContextStore:
         entry = StoredContext(new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
         fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory", "kv_bits")}
         cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
+        self._record_checksum(entry.id)
         with self._lock:
             self._entries[entry.id] = entry
             self._hold(entry, cache)
@@ -195,10 +203,28 @@ class ContextStore:
                 self._hold(entry, cache)
         return entry, cache
 
-    def _check_file(self, context_id: str) -> None:
-        """A 409 unless the file stored under ``context_id`` is a plain file holding that context."""
+    def _record_checksum(self, context_id: str) -> None:
+        """Note the checksum of the file this server just wrote (``<id>.sum``, written atomically)."""
         path = self._path(context_id)
-        held = None if path.is_symlink() else read_header(path).get("fields", {}).get("id")
+        note = path.with_suffix(SUM_SUFFIX)
+        temporary = note.with_name(note.name + ".tmp")
+        temporary.write_text(str(read_header(path).get("checksum")), encoding="utf-8")
+        os.replace(temporary, note)
+
+    def _written_here(self, context_id: str, header: dict) -> bool:
+        """Whether ``header`` carries the checksum recorded when the file was written (no record:
+        a store written before records existed, trusted by its id alone)."""
+        note = self._path(context_id).with_suffix(SUM_SUFFIX)
+        return not note.is_file() or note.read_text(encoding="utf-8").strip() == str(header.get("checksum"))
+
+    def _check_file(self, context_id: str) -> None:
+        """A 409 unless the file stored under ``context_id`` is a plain file holding that context,
+        with the checksum recorded when it was written."""
+        path = self._path(context_id)
+        header = {} if path.is_symlink() else read_header(path)
+        held = header.get("fields", {}).get("id")
+        if held == context_id and not self._written_here(context_id, header):
+            held = f"{context_id} (another file: its checksum is not the one recorded)"
         if held != context_id:
             logger.warning("refusing %s: it holds context %r, not %r (swapped or linked)", path, held, context_id)
             raise APIError(
