@@ -249,3 +249,25 @@ def test_a_second_writer_waits_then_refuses_naming_the_holder(tmp_path: Path, to
         assert not (out / store.RUN).exists()
     run_sweep(_config(out), tiny, tok, wait=0)  # free again
     assert len(store.read_results(out)) == 3
+
+
+def test_unusable_dataset_lines_are_counted_and_named_in_the_report(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, cases 5 and 8: a blank answer and a malformed line are skipped, counted and named
+    (line and why) in skipped.jsonl and the report, once however often the sweep resumes."""
+    data = tmp_path / "d.jsonl"
+    good = "The grass is green. " * 6
+    rows = [{"context": good + f"The code is {a}.", "question": "Code?", "answers": [a]} for a in ("7", "8")]
+    rows.insert(1, {"context": good, "question": "Code?", "answers": [" "]})
+    write_lines(data, rows)
+    with data.open("a") as fh:
+        fh.write("not json\n")
+    out = tmp_path / "run"
+    run_sweep(_dconfig(out, data), tiny, tok)
+    run_sweep(_dconfig(out, data), tiny, tok)  # resumed: nothing listed twice
+    skipped = [s for s in store.read_skipped(out) if s["reason"] == "unusable"]
+    assert sorted(s["index"] for s in skipped) == [2, 4]
+    assert "blank" in " ".join(s["why"] for s in skipped) or "whitespace" in " ".join(s["why"] for s in skipped)
+    assert len((out / "skipped.jsonl").read_text().splitlines()) == 2
+    text, _ = build_report(out)
+    assert "skipped 2 sample(s) on lines that are not usable samples (malformed, or a blank answer)" in text
+    assert "d line 2, d line 4" in text

@@ -41,9 +41,19 @@ def _read_lines(path: Path) -> list[str]:
 
 def load_dataset_file(path: str | Path) -> list[Sample]:
     """Samples of a JSONL file; malformed lines are logged (with line numbers) and skipped."""
+    return read_dataset_file(path)[0]
+
+
+def unusable_lines(path: str | Path) -> list[tuple[int, str]]:
+    """``(line number, why)`` of every non-blank line of ``path`` that is not a usable sample."""
+    return read_dataset_file(path)[1]
+
+
+def read_dataset_file(path: str | Path) -> tuple[list[Sample], list[tuple[int, str]]]:
+    """The samples of a JSONL file and ``(line, why)`` of the lines skipped (logged with their numbers)."""
     path = Path(path)
     samples: list[Sample] = []
-    problems: list[str] = []
+    problems: list[tuple[int, str]] = []
     for number, line in enumerate(_read_lines(path), 1):
         if not line.strip():
             continue
@@ -80,12 +90,13 @@ def load_dataset_file(path: str | Path) -> list[Sample]:
                 )
             )
         except (json.JSONDecodeError, ValueError, TypeError) as err:
-            problems.append(f"{path}:{number}: {err}")
-    for problem in problems:
-        logger.warning("skipping malformed line %s", problem)
+            problems.append((number, str(err)))
+    for number, why in problems:
+        logger.warning("skipping malformed line %s:%d: %s", path, number, why)
     if not samples:
-        raise ValueError(f"no usable samples in {path}" + (f" ({problems[0]})" if problems else ""))
-    return samples
+        first = f" ({path}:{problems[0][0]}: {problems[0][1]})" if problems else ""
+        raise ValueError(f"no usable samples in {path}{first}")
+    return samples, problems
 
 
 def first_per_task(samples: list[Sample], per_task: int) -> tuple[list[Sample], dict[str, tuple[int, int]]]:

@@ -26,7 +26,7 @@ from criticalkv.eval.config import SweepConfig
 from criticalkv.eval.ray_dispatch import WorkerPool, dispatch
 from criticalkv.eval.ray_options import RayNotInstalled, RayOptions, import_ray
 from criticalkv.eval.ray_worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
-from criticalkv.eval.session import sweep_folder
+from criticalkv.eval.session import record_unusable, sweep_folder
 from criticalkv.eval.store import done_index
 from criticalkv.runs import DEFAULT_WAIT
 
@@ -118,6 +118,7 @@ def run_sweep_ray(
     tokenizer = load_tokenizer(config.model)
     with sweep_folder(Path(config.out), config.identity(), {**config.to_json(), "ray": asdict(options)}, wait) as out:
         done = done_index(out)
+        record_unusable(out, config)
         units, already = build_units(config, tokenizer, done, options.samples_per_unit)
         if not units:
             logger.info("nothing left to run in %s", out)

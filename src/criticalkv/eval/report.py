@@ -169,6 +169,7 @@ def _skipped_note(out_dir: Path, records: Sequence[dict[str, Any]]) -> str:
 SKIP_REASONS = {
     "too long": "longer than the model accepts",
     "too short": "too short for the budget and observation window",
+    "unusable": "on lines that are not usable samples (malformed, or a blank answer)",
 }
 
 

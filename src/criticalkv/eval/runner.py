@@ -11,8 +11,15 @@ from tqdm.auto import tqdm
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.session import sweep_folder
-from criticalkv.eval.store import append_result, append_skipped, content_hash, done_index, is_done, result_key
+from criticalkv.eval.session import record_unusable, sweep_folder
+from criticalkv.eval.store import (
+    append_result,
+    append_skipped,
+    content_hash,
+    done_index,
+    is_done,
+    result_key,
+)
 from criticalkv.eval.unit import SampleEvaluator, pending_pairs, record_key
 from criticalkv.runs import DEFAULT_WAIT
 
@@ -49,6 +56,7 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any, *, wait: float = 
     pairs = config.configs()
     with sweep_folder(Path(config.out), config.identity(), config.to_json(), wait) as out:
         done = done_index(out)
+        record_unusable(out, config)
         total, initial = _progress(config, pairs, done)
         bar = tqdm(total=total, desc="eval", unit="run", initial=initial)
         for length, sample in config.iter_samples(tokenizer):

@@ -7,10 +7,23 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from criticalkv.eval.store import LAYOUT, RESULTS, RUN, SKIPPED, check_run, open_run
+from criticalkv.eval.store import (
+    LAYOUT,
+    RESULTS,
+    RUN,
+    SKIPPED,
+    append_skipped,
+    check_run,
+    open_run,
+    read_skipped,
+    sample_key,
+)
 from criticalkv.runs import DEFAULT_WAIT, writer_lock
+
+if TYPE_CHECKING:
+    from criticalkv.eval.config import SweepConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +69,11 @@ def sweep_folder(
 
 
 __all__ = ["LAYOUT", "sweep_folder"]
+
+
+def record_unusable(out: Path, config: SweepConfig) -> None:
+    """List the benchmark's unusable inputs (a dataset's malformed lines) in ``skipped.jsonl``, once."""
+    known = {sample_key(s) for s in read_skipped(out)}
+    for skip in config.bench.unusable(config.options):
+        if sample_key(skip) not in known:
+            append_skipped(out, skip)

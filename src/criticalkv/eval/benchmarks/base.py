@@ -63,6 +63,11 @@ class Benchmark(ABC):
         """Check the sweep's ``tasks`` and ``options`` before it starts; both as they will run."""
         return list(tasks or []), options
 
+    def unusable(self, options: Any) -> list[dict[str, Any]]:
+        """``skipped.jsonl`` lines of the benchmark's inputs that cannot be run at all (a dataset's
+        malformed lines); none for generated benchmarks."""
+        return []
+
     def identity(self, options: Any) -> dict[str, Any]:
         """What this benchmark adds to the run identity (by default: its options)."""
         return asdict(options)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw
-from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
+from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file, unusable_lines
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import DATASET_CHECK
 
@@ -42,6 +42,14 @@ class Dataset(Benchmark):
             raise ValueError("the dataset benchmark needs --dataset PATH.jsonl")
         load_dataset_file(options.dataset)
         return list(tasks or []), options
+
+    def unusable(self, options: DatasetOptions) -> list[dict[str, Any]]:
+        assert options.dataset is not None
+        path = Path(options.dataset)
+        return [
+            {"task": path.stem, "length": 0, "index": line, "reason": "unusable", "why": why, "meta": {"line": line}}
+            for line, why in unusable_lines(path)
+        ]
 
     def identity(self, options: DatasetOptions) -> dict[str, Any]:
         assert options.dataset is not None
