@@ -271,3 +271,41 @@ def test_unusable_dataset_lines_are_counted_and_named_in_the_report(tmp_path: Pa
     text, _ = build_report(out)
     assert "skipped 2 sample(s) on lines that are not usable samples (malformed, or a blank answer)" in text
     assert "d line 2, d line 4" in text
+
+
+def test_a_disk_that_fills_mid_sweep_then_frees_resumes_to_the_uninterrupted_report(
+    tmp_path: Path, tok, tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, case 1 at the sweep level: the disk fills after three result lines (the next write
+    comes out short, then writes fail): the sweep stops with a sentence and a whole file; space is
+    freed and the same command resumes to the uninterrupted run's results and report. Before,
+    the short write left a torn line, the sweep went on with exit 0 and lines were lost."""
+    import errno
+    import os
+
+    data = _dataset(tmp_path / "d.jsonl", ["7", "8", "9", "5"])
+    whole = tmp_path / "whole"
+    run_sweep(_dconfig(whole, data), tiny, tok)
+    out, real, written = tmp_path / "run", os.write, []
+
+    def filling(fd: int, payload: bytes) -> int:
+        if b'"index"' not in payload:
+            return real(fd, payload)  # only results lines meet the full disk
+        written.append(1)
+        if len(written) == 4:
+            return real(fd, payload[:7])
+        if len(written) > 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, payload)
+
+    monkeypatch.setattr(os, "write", filling)
+    with pytest.raises(ValueError, match=r"No space left on device \(ENOSPC\).*run the same command again"):
+        run_sweep(_dconfig(out, data), tiny, tok)
+    monkeypatch.setattr(os, "write", real)
+    assert (out / "results.jsonl").read_bytes().endswith(b"\n")
+    run_sweep(_dconfig(out, data), tiny, tok)  # space freed: resumed
+    key = lambda r: (r["index"], r["method"], r["budget"])  # noqa: E731
+    ours = {key(r): (r["score"], r["prediction"]) for r in store.read_results(out)}
+    theirs = {key(r): (r["score"], r["prediction"]) for r in store.read_results(whole)}
+    assert ours == theirs and len(ours) == 12
+    assert build_report(out)[0].replace(str(out), "") == build_report(whole)[0].replace(str(whole), "")
