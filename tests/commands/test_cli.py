@@ -120,3 +120,12 @@ def test_generate_critical_adakv_compresses(needle: tuple[Path, str, str]) -> No
     assert record["method"] == "critical-adakv"
     assert float(record["kv_bytes"]) / float(record["kv_bytes_full"]) <= 0.22  # type: ignore[arg-type]
     assert int(record["context_tokens"]) > 1000  # type: ignore[call-overload]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """``criticalkv --version`` prints the installed version and exits 0 (issue 29 asked for it)."""
+    from criticalkv import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"criticalkv {__version__}"
