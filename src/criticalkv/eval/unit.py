@@ -74,6 +74,11 @@ class UnitItem:
         return len(self.pending)
 
 
+def _skip_line(length: int, sample: Sample, reason: str, **why: Any) -> dict[str, Any]:
+    """The ``skipped.jsonl`` line of a sample not run: its key, the reason and what decided it."""
+    return {"task": sample.task, "length": length, "index": sample.index, "reason": reason, **why, "meta": sample.meta}
+
+
 def _gold_text(sample: Sample) -> str:
     if sample.gold is not None:
         return sample.gold
@@ -191,35 +196,19 @@ class SampleEvaluator:
         advice = "shorten it" if self.config.bench.per_sample_length else "lower --lengths"
         raise SampleTooLong(
             f"{what}and answer), more than the model's {self.limit}; {advice}",
-            {
-                "task": sample.task,
-                "length": length,
-                "index": sample.index,
-                "reason": "too long",
-                "positions": positions_needed,
-                "limit": self.limit,
-                "meta": sample.meta,
-            },
+            _skip_line(length, sample, "too long", positions=positions_needed, limit=self.limit),
         )
 
     def _check_window(self, length: int, sample: Sample, compressed: int, pending: Sequence[Pair]) -> None:
         """:class:`SampleTooLong` (reason ``too short``) if some pending budget of the compressed
         prompt cannot hold the observation window (or exceeds the prompt)."""
-        for _, budget in pending:
+        for budget in {b for _, b in pending}:
             try:
                 resolve_budget(budget, torch.tensor([compressed]), self.window)
             except ValueError as error:
                 raise SampleTooLong(
                     f"{sample.task} sample {sample.index} has {compressed} tokens to compress: {error}",
-                    {
-                        "task": sample.task,
-                        "length": length,
-                        "index": sample.index,
-                        "reason": "too short",
-                        "tokens": compressed,
-                        "window": self.window,
-                        "meta": sample.meta,
-                    },
+                    _skip_line(length, sample, "too short", tokens=compressed, window=self.window),
                 ) from None
 
     def _record(

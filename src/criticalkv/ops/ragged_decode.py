@@ -54,66 +54,11 @@ def decode_through_op(device: torch.device) -> bool:
     return mode == "op" or (mode == "auto" and device.type in _FAST_DEVICES)
 
 
-@torch.library.custom_op("criticalkv::ragged_decode", mutates_args=())
-def ragged_decode(
-    query: torch.Tensor,
-    key_pool: torch.Tensor,
-    value_pool: torch.Tensor,
-    block_table: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    scaling: float,
-    tail_keys: torch.Tensor | None = None,
-    tail_values: torch.Tensor | None = None,
-    tail_mask: torch.Tensor | None = None,
-    bits: int = 16,
-    key_scale: torch.Tensor | None = None,
-    key_zero: torch.Tensor | None = None,
-    value_scale: torch.Tensor | None = None,
-    value_zero: torch.Tensor | None = None,
-    value_group: int = 0,
-    entry_starts: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Decode attention over a ragged paged layout (see the module docstring)."""
-    return ragged_decode_reference(
-        query,
-        key_pool,
-        value_pool,
-        block_table,
-        lengths,
-        block_size,
-        scaling,
-        tail_keys,
-        tail_values,
-        tail_mask,
-        bits,
-        key_scale,
-        key_zero,
-        value_scale,
-        value_zero,
-        value_group,
-        entry_starts,
-    )
+#: the op, its schema read off the reference's signature; the reference is its implementation on every device
+ragged_decode = torch.library.custom_op("criticalkv::ragged_decode", mutates_args=())(ragged_decode_reference)
 
 
 @ragged_decode.register_fake
-def _ragged_decode_shape(
-    query: torch.Tensor,
-    key_pool: torch.Tensor,
-    value_pool: torch.Tensor,
-    block_table: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    scaling: float,
-    tail_keys: torch.Tensor | None = None,
-    tail_values: torch.Tensor | None = None,
-    tail_mask: torch.Tensor | None = None,
-    bits: int = 16,
-    key_scale: torch.Tensor | None = None,
-    key_zero: torch.Tensor | None = None,
-    value_scale: torch.Tensor | None = None,
-    value_zero: torch.Tensor | None = None,
-    value_group: int = 0,
-    entry_starts: torch.Tensor | None = None,
-) -> torch.Tensor:
+def _ragged_decode_shape(query: torch.Tensor, *_: object, **__: object) -> torch.Tensor:
+    """The output's shape and dtype: the query's."""
     return torch.empty_like(query)

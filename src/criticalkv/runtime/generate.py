@@ -279,7 +279,8 @@ def _answer(
             **kwargs,
         )
         return cache, clock, generate
-    cache, last = compress_prompt(model, ids[:, :n], mask[:, :n], spec, reconstruction=repeat_prompt(tokenizer, chat))
+    repeat = None if compresses_in_prefill(spec.method) else repeat_prompt(tokenizer, chat)  # KVzip's pass only
+    cache, last = compress_prompt(model, ids[:, :n], mask[:, :n], spec, reconstruction=repeat)
     clock = _FirstTokenClock(cache)
     if not prompts.aware:  # the questions are appended to the compressed contexts
         output = model.generate(

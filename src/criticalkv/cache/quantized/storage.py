@@ -165,18 +165,10 @@ class QuantizedStorage(Storage):
     def dense_tail(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The quantized blocks dequantized, then the exact residual."""
         prefix, geometry = self._prefix(), self._geometry()
-        parts_k, parts_v = [], []
-        if self.tail_blocks is not None and self.tail_used:
-            k, v = self.tail_blocks.dequantize(0, self.tail_used, geometry.dtype)
-            parts_k.append(k)
-            parts_v.append(v)
-        if self.residual_keys is not None and self.residual_values is not None:
-            parts_k.append(self.residual_keys[:, : self.residual_len])
-            parts_v.append(self.residual_values[:, : self.residual_len])
-        if not parts_k:
+        keys, values = self._sorted_tail(geometry.dtype)
+        if keys is None or values is None:
             empty = torch.zeros(geometry.segments, 0, geometry.head_dim, dtype=geometry.dtype, device=geometry.device)
             return empty, empty.clone()
-        keys, values = torch.cat(parts_k, dim=1), torch.cat(parts_v, dim=1)
         if not prefix.identity:
             keys, values = keys[prefix.inv_perm], values[prefix.inv_perm]
         return keys, values
