@@ -232,7 +232,7 @@ def check_triton_op(device: str = "cuda") -> tuple[bool, list[str]]:
 
 def llama_config(shape: Shape) -> Any:
     """Llama-3.1's ``LlamaConfig`` at ``shape`` (rope theta 500000, its llama3 rope scaling, 128K positions)."""
-    from transformers import LlamaConfig  # after criticalkv: this folder's kernels.py shadows a package it probes
+    from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=shape.vocab,

@@ -9,7 +9,7 @@
   (online softmax merged tier by tier), the current one (one softmax over all tiers), and sdpa
   over the full cache (what the uncompressed model does).
 
-Run: ``python benchmarks/kernels.py [--threads 2] [--json]``; best of several repeats.
+Run: ``python benchmarks/hot_kernels.py [--threads 2] [--json]``; best of several repeats.
 """
 
 from __future__ import annotations
