@@ -8,11 +8,10 @@ round records the whole decode step (the model's forward, ms per token) and the 
 layers' ``attend`` (all of decode attention), both as wall time and as this thread's CPU time
 (``time.thread_time``: what the step itself computed, robust to other processes' load). The
 ``*_vs_16_bit_*`` ratios divide the quantized figure by the unquantized one *of the same round*
-(best and median round). The split names the kernel's parts as the kernel in
-``cache/quantized/attention.py`` calls them (whatever of ``unpack``, ``scale``, ``matmul``,
-``softmax``, ``gather`` it has; the per-tier kernel before it: ``dequantize`` = unpack + scale,
-``unpack``), and ``c_kernel``: the compiled C kernel's whole call (``CRITICALKV_KERNEL`` chooses
-the kernel; the C kernel runs where it builds). Prints one JSON line per ``kv_bits``.
+(best and median round). The split names the parts of the decode op's CPU implementation:
+``c_kernel`` (the compiled C kernel's whole call), ``reference`` (the op's torch reference, where
+``CRITICALKV_KERNEL=torch`` or the inputs send it there) and ``tail_dequantize`` (the quantized
+tail blocks dequantized into the op's dense tail). Prints one JSON line per ``kv_bits``.
 """
 
 from __future__ import annotations
@@ -30,16 +29,12 @@ import torch
 import criticalkv as ckv
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.quantized import QuantizedStorage, bits_per_element
-from criticalkv.cache.quantized import attention as quantized_attention
-from criticalkv.cache.quantized import blocks as quantized_store
-from criticalkv.cache.quantized import storage as quantized_layer
 from criticalkv.cache.quantized.blocks import QuantizedBlocks
 from criticalkv.compat import cache_argument
+from criticalkv.ops.cpu import kernel as cpu_kernel
 
 WALL: dict[str, float] = defaultdict(float)
 CPU: dict[str, float] = defaultdict(float)
-#: kernel functions timed for the split, by the label they are reported under
-SPLIT = ("unpack", "scale", "matmul", "softmax", "gather")
 
 
 def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,16 +50,10 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _instrument() -> None:
-    """Time the kernel's parts: the tiled kernel's functions named in :data:`SPLIT`, or the
-    per-tier kernel's ``QuantizedBlocks.dequantize`` wrapping ``quantize.unpack``."""
-    for name in SPLIT:
-        if hasattr(quantized_attention, name):
-            setattr(quantized_attention, name, timed(name, getattr(quantized_attention, name)))
-    if hasattr(quantized_layer, "c_quantized_attention"):
-        quantized_layer.c_quantized_attention = timed("c_kernel", quantized_layer.c_quantized_attention)
-    if hasattr(QuantizedBlocks, "dequantize") and not hasattr(quantized_attention, "unpack"):
-        QuantizedBlocks.dequantize = timed("dequantize", QuantizedBlocks.dequantize)  # type: ignore[method-assign]
-        quantized_store.unpack = timed("unpack", quantized_store.unpack)  # type: ignore[attr-defined]
+    """Time the op's parts named in the module docstring."""
+    cpu_kernel._call = timed("c_kernel", cpu_kernel._call)  # type: ignore[method-assign]
+    cpu_kernel.ragged_decode_reference = timed("reference", cpu_kernel.ragged_decode_reference)  # type: ignore[method-assign]
+    QuantizedBlocks.dequantize = timed("tail_dequantize", QuantizedBlocks.dequantize)  # type: ignore[method-assign]
 
 
 def _ratios(rounds: dict[int, list[float]], bits: int) -> dict[str, float]:

@@ -13,34 +13,45 @@ import time
 
 import torch
 
-from criticalkv.cache.quantized.kernels import build
-from criticalkv.cache.quantized.kernels.quantized_decode import block_list, c_quantized_attention
+from criticalkv.cache.quantized.codec import value_group
+from criticalkv.cache.quantized.paged import paged_quantized
 from criticalkv.cache.quantized.prefix import build_quantized_prefix
+from criticalkv.ops.cpu import build, c_ragged_decode
 
 
 def layout(tokens: int, bits: int, group: int, seed: int = 0) -> dict:
-    """One layer's ragged quantized prefix, its block list, a 32-entry residual and the queries."""
+    """The op's arguments for one layer: a ragged quantized prefix through its block table, a
+    32-entry dense tail and the queries (segments in sorted order, as the storage passes them)."""
     g = torch.Generator().manual_seed(seed)
     keys, values = torch.randn(1, 3, tokens, 64, generator=g), torch.randn(1, 3, tokens, 64, generator=g)
     keep = torch.rand(1, 3, tokens, generator=g) < torch.tensor([0.15, 0.2, 0.25]).view(1, 3, 1)
     prefix = build_quantized_prefix(keys, values, keep, bits, group)
     pool = prefix.decode_pool()
+    assert pool is not None
+    paged = paged_quantized(prefix, pool, group)
     return {
-        "prefix": prefix,
-        "pool": pool,
-        "blocks": block_list(prefix, pool, group),
         "query": torch.randn(3, 3, 64, generator=g),
-        "residual": (torch.randn(3, 64, 64, generator=g), torch.randn(3, 64, 64, generator=g)),
+        "key_pool": pool.key_codes,
+        "value_pool": pool.value_codes,
+        "block_table": paged.table,
+        "lengths": paged.lengths,
+        "block_size": group,
+        "scaling": 0.125,
+        "tail_keys": torch.randn(3, 32, 64, generator=g),
+        "tail_values": torch.randn(3, 32, 64, generator=g),
+        "bits": bits,
+        "key_scale": pool.key_scale,
+        "key_zero": pool.key_zero,
+        "value_scale": pool.value_scale,
+        "value_zero": pool.value_zero,
+        "value_group": value_group(group, 64),
+        "entry_starts": paged.entry_starts,
     }
 
 
-def timed_call(library: object, x: dict, bits: int, group: int) -> float:
-    prefix = x["prefix"]
+def timed_call(library: object, x: dict) -> float:
     start = time.perf_counter()
-    c_quantized_attention(
-        library, x["query"], None if prefix.identity else prefix.perm, x["pool"], x["blocks"], None, 0,
-        *x["residual"], 32, None, 0.125, bits, group,
-    )  # fmt: skip
+    c_ragged_decode(library, **x)  # type: ignore[arg-type]
     return time.perf_counter() - start
 
 
@@ -61,7 +72,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for n in best:
             torch.set_num_threads(n)
-            best[n].append(min(timed_call(library, x, args.bits, args.group) for _ in range(args.calls)))
+            best[n].append(min(timed_call(library, x) for _ in range(args.calls)))
     one, many = min(best[1]), min(best[args.threads])
     ratios = [a / b for a, b in zip(best[1], best[args.threads], strict=True)]
     print(

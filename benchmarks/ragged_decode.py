@@ -13,8 +13,10 @@ does not count time the thread waits for a core). The figure is the median over 
 paired ratio (cache / reference in the same step), with a 95% bootstrap interval of that median;
 ``--kv-bits`` stores every cache's kept entries in 8 or 4 bits unless its spec says ``:BITS``
 (16, 8 or 4). ``/c`` or ``/torch`` runs that cache's steps (prefill included) with
-``CRITICALKV_KERNEL`` set to it, so the C and torch quantized kernels can be paired in one process
-(``critical-adakv@0.2:4/torch critical-adakv@0.2:4/c``). A spec ending in ``+cancel`` decodes with
+``CRITICALKV_KERNEL`` set to it, so the op's C kernel and torch reference can be paired in one
+process (``critical-adakv@0.2:4/torch critical-adakv@0.2:4/c``); ``/op`` or ``/native`` sets
+``CRITICALKV_DECODE`` instead, pairing a 16-bit layout through the op with its own CPU kernels
+(``adakv@0.2/native adakv@0.2/op``). A spec ending in ``+cancel`` decodes with
 the server's hang-up check (``serve/cancel.py``) before every decoder layer, as ``criticalkv serve``
 runs its decode steps (``critical-adakv@0.2 critical-adakv@0.2+cancel``: the check's cost). One JSON
 line per cache.
@@ -34,8 +36,9 @@ from typing import Any
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
-from criticalkv.cache.quantized.kernels.build import KERNEL_ENV
 from criticalkv.compat import cache_argument
+from criticalkv.ops import DECODE_ENV
+from criticalkv.ops.cpu.build import KERNEL_ENV
 from criticalkv.serve.cancel import check_cancelled
 from decode_compression import prompt_ids
 
@@ -50,21 +53,26 @@ def cancel_hooks(model: torch.nn.Module, spec: str) -> list[Any]:
     return [layer.register_forward_pre_hook(check_cancelled) for layer in model.get_decoder().layers]
 
 
+#: a spec's ``/CHOICE``: the environment variable it sets for that cache's steps
+CHOICES = {"c": KERNEL_ENV, "torch": KERNEL_ENV, "op": DECODE_ENV, "native": DECODE_ENV}
+
+
 def kernel_of(spec: str) -> str | None:
-    """The ``/KERNEL`` of a spec (``c`` or ``torch``), or ``None``."""
+    """The ``/CHOICE`` of a spec (``c``, ``torch``, ``op`` or ``native``), or ``None``."""
     _, _, kernel = spec.removesuffix(CANCEL).partition("/")
-    if kernel and kernel not in ("c", "torch"):
-        raise ValueError(f"a spec's kernel is /c or /torch, not {spec!r}")
+    if kernel and kernel not in CHOICES:
+        raise ValueError(f"a spec's choice is /c, /torch, /op or /native, not {spec!r}")
     return kernel or None
 
 
 def use_kernel(spec: str) -> None:
-    """Set ``CRITICALKV_KERNEL`` for ``spec``'s steps (unset when it names no kernel)."""
+    """Set ``CRITICALKV_KERNEL`` or ``CRITICALKV_DECODE`` for ``spec``'s steps (both unset when it
+    names neither)."""
     kernel = kernel_of(spec)
-    if kernel is None:
-        os.environ.pop(KERNEL_ENV, None)
-    else:
-        os.environ[KERNEL_ENV] = kernel
+    os.environ.pop(KERNEL_ENV, None)
+    os.environ.pop(DECODE_ENV, None)
+    if kernel is not None:
+        os.environ[CHOICES[kernel]] = kernel
 
 
 def parse(spec: str, kv_bits: int) -> tuple[str, float | int, int]:

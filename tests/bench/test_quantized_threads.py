@@ -21,7 +21,7 @@ def test_the_script_reports_both_thread_counts(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     x = module.layout(512, 4, 64)
-    assert int(x["prefix"].lengths.sum()) > 0 and x["query"].shape == (3, 3, 64)
+    assert int(x["lengths"].sum()) > 0 and x["query"].shape == (3, 3, 64)
     argv = ["quantized_threads.py", "--prompt-tokens", "512", "--rounds", "2", "--calls", "2"]
     monkeypatch.setattr(sys, "argv", argv)
     module.main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 import sys
 import threading
@@ -84,3 +85,15 @@ def test_a_cancel_spec_adds_the_servers_check_before_every_layer_for_its_steps_o
     for hook in hooks:
         hook.remove()
     assert all(not layer._forward_pre_hooks for layer in layers)
+
+
+def test_a_spec_choice_sets_one_variable_for_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRITICALKV_KERNEL", "torch")
+    ragged_decode.use_kernel("adakv@0.2/op")
+    assert os.environ.get("CRITICALKV_DECODE") == "op" and "CRITICALKV_KERNEL" not in os.environ
+    ragged_decode.use_kernel("adakv@0.2:4/c")
+    assert os.environ.get("CRITICALKV_KERNEL") == "c" and "CRITICALKV_DECODE" not in os.environ
+    ragged_decode.use_kernel("adakv@0.2")
+    assert "CRITICALKV_KERNEL" not in os.environ and "CRITICALKV_DECODE" not in os.environ
+    with pytest.raises(ValueError, match="/op or /native"):
+        ragged_decode.kernel_of("adakv@0.2/fast")

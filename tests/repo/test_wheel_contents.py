@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from criticalkv.cache.quantized.kernels.build import find_compiler
+from criticalkv.ops.cpu.build import find_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,14 +26,14 @@ def test_the_wheel_ships_the_kernel_source_and_it_compiles_from_there(tmp_path: 
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = tmp_path.glob("criticalkv-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "criticalkv/cache/quantized/kernels/quantized_decode.c" in names and "criticalkv/py.typed" in names
+    assert "criticalkv/ops/cpu/ragged_decode.c" in names and "criticalkv/py.typed" in names
     if find_compiler() is None:
         pytest.skip("no C compiler here: the shipped source cannot be compiled")
     installed = tmp_path / "installed"
     zipfile.ZipFile(wheel).extractall(installed)
     cache = tmp_path / "kernel-cache"
     probe = (
-        "import criticalkv.cache.quantized.kernels.build as b, pathlib; "
+        "import criticalkv.ops.cpu.build as b, pathlib; "
         f"assert pathlib.Path(b.__file__).is_relative_to(pathlib.Path(r'{installed}')), b.__file__; "
         "assert b.decode_kernel() is not None"
     )

@@ -55,6 +55,12 @@ def check_layout(
             raise ValueError(f"tail_mask must be ({s}, {q}, {t}) bool, not {tuple(tail_mask.shape)} {tail_mask.dtype}")
 
 
+def check_entry_starts(entry_starts: torch.Tensor | None) -> None:
+    """A ``ValueError`` unless ``entry_starts`` is absent or (NB,) int32."""
+    if entry_starts is not None and (entry_starts.dim() != 1 or entry_starts.dtype != torch.int32):
+        raise ValueError(f"entry_starts must be (NB,) int32, not {tuple(entry_starts.shape)} {entry_starts.dtype}")
+
+
 def gather_rows(
     block_table: torch.Tensor, lengths: torch.Tensor, block_size: int, entry_starts: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,6 +97,11 @@ def dequantized(
     return codes * s + z
 
 
+#: at most this many (padded) entries are dequantized at once, so a layer is never held whole in
+#: float32: sequences are attended in chunks of ``CHUNK_ENTRIES // (M * block_size)`` (at least one)
+CHUNK_ENTRIES = 1 << 16
+
+
 def ragged_decode_reference(
     query: torch.Tensor,
     key_pool: torch.Tensor,
@@ -110,20 +121,48 @@ def ragged_decode_reference(
     value_group: int = 0,
     entry_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dequantize, then attend (see :mod:`criticalkv.ops.ragged_decode` for the layout)."""
+    """Dequantize, then attend (see :mod:`criticalkv.ops.ragged_decode` for the layout), a chunk of
+    sequences at a time (:data:`CHUNK_ENTRIES`)."""
     check_layout(query, key_pool, value_pool, block_table, lengths, block_size, tail_keys, tail_values, tail_mask, bits)
-    if entry_starts is not None and (entry_starts.dim() != 1 or entry_starts.dtype != torch.int32):
-        raise ValueError(f"entry_starts must be (NB,) int32, not {tuple(entry_starts.shape)} {entry_starts.dtype}")
+    check_entry_starts(entry_starts)
+    pools = (key_pool, value_pool)
+    stats = (key_scale, key_zero, value_scale, value_zero)
+    s = int(query.shape[0])
+    step = max(1, CHUNK_ENTRIES // max(1, int(block_table.shape[1]) * block_size))
+    parts = []
+    for i in range(0, s, step):
+        rows = slice(i, min(s, i + step))
+        tail = tuple(None if t is None else t[rows] for t in (tail_keys, tail_values, tail_mask))
+        layout = (block_table[rows], lengths[rows], block_size, entry_starts)
+        parts.append(_attend_chunk(query[rows], pools, stats, layout, scaling, tail, bits, value_group))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _attend_chunk(
+    query: torch.Tensor,
+    pools: tuple[torch.Tensor, torch.Tensor],
+    stats: tuple[torch.Tensor | None, ...],
+    layout: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None],
+    scaling: float,
+    tail: tuple[torch.Tensor | None, ...],
+    bits: int,
+    value_group: int,
+) -> torch.Tensor:
+    """The reference over some sequences: gather and dequantize their entries, one softmax each."""
+    key_pool, value_pool = pools
+    key_scale, key_zero, value_scale, value_zero = stats
+    block_table, lengths, block_size, entry_starts = layout
+    tail_keys, tail_values, tail_mask = tail
     rows, block_of, valid = gather_rows(block_table, lengths, block_size, entry_starts)
     keys = dequantized(key_pool, rows, bits, key_scale, key_zero, block_of, 1)
     values = dequantized(value_pool, rows, bits, value_scale, value_zero, rows, value_group or int(query.shape[-1]))
     q = query.float() * scaling
     scores = torch.matmul(q, keys.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))
     if tail_keys is not None and tail_values is not None:
-        tail = torch.matmul(q, tail_keys.float().transpose(1, 2))
+        tail_scores = torch.matmul(q, tail_keys.float().transpose(1, 2))
         if tail_mask is not None:
-            tail = tail.masked_fill(~tail_mask, float("-inf"))
-        scores = torch.cat([scores, tail], dim=-1)
+            tail_scores = tail_scores.masked_fill(~tail_mask, float("-inf"))
+        scores = torch.cat([scores, tail_scores], dim=-1)
         values = torch.cat([values, tail_values.float()], dim=1)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # nothing to attend: zeros
     return torch.matmul(probs, values).to(query.dtype)

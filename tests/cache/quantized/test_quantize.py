@@ -45,9 +45,13 @@ def test_error_within_half_a_step_per_group(
     back = dequantize(codes, s, z, torch.float32)
     bound = s.float() / 2 * (1 + 1e-5) + 1e-6 * x.abs().amax(-1, keepdim=True)
     assert bool(((back - x).abs() <= bound).all())
-    # the step is no coarser than the range over the levels (up to float16 rounding)
+    # the step is no coarser than the range over the levels (up to float16 rounding); a group whose
+    # values all equal its float16 zero point has scale 1 and codes 0 (any scale reads back exactly)
     spread = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / (2**bits - 1)
-    assert bool((s.float() <= spread * (1 + 2**-9) + 2**-24 + 2**-10 * x.abs().amax(-1, keepdim=True)).all())
+    flat = x.amax(-1, keepdim=True) == z.float()
+    assert bool((codes[flat.expand_as(codes)] == 0).all()) and bool((s[flat] == 1).all())
+    fine = s.float() <= spread * (1 + 2**-9) + 2**-24 + 2**-10 * x.abs().amax(-1, keepdim=True)
+    assert bool((fine | flat).all())
 
 
 def test_constant_group_is_exact_when_representable() -> None:

@@ -178,29 +178,31 @@ def test_sweep_identity_records_kv_bits_only_when_set(tmp_path: object) -> None:
 
 
 @torch.no_grad()
-def test_attention_dequantizes_tile_by_tile(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No unpacking covers more than a tile (TILE_BLOCKS blocks, or one longer segment): the layer
-    is never held in full precision. (The torch kernel; the C kernel reads one entry at a time.)"""
-    from criticalkv.cache.quantized import attention as quantized_attention
-    from criticalkv.cache.quantized import plan as quantized_plan
+def test_the_torch_reference_dequantizes_a_chunk_at_a_time(
+    model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No dequantization covers more than a chunk of sequences (CHUNK_ENTRIES padded entries, or
+    one longer sequence): the layer is never held in full precision. (The op's torch reference;
+    the C kernel reads one entry at a time.)"""
+    from criticalkv.ops import reference
 
     monkeypatch.setenv("CRITICALKV_KERNEL", "torch")
-    monkeypatch.setattr(quantized_plan, "TILE_BLOCKS", 2)
+    monkeypatch.setattr(reference, "CHUNK_ENTRIES", 8)
     spans: list[int] = []
-    real = quantized_attention.unpack
+    real = reference.dequantized
 
-    def spy(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
-        spans.append(int(codes.shape[0]) * int(codes.shape[1]))
-        real(codes, bits, out)
+    def spy(pool: torch.Tensor, rows: torch.Tensor, *args: object) -> torch.Tensor:
+        spans.append(int(rows.numel()))
+        return real(pool, rows, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(quantized_attention, "unpack", spy)
+    monkeypatch.setattr(reference, "dequantized", spy)
     ids, mask = padded_batch(LENGTHS, seed=3)
     cache = ckv.CompressedCache.for_model(model, "full", 1.0, window=WINDOW, kv_bits=4, kv_group_size=4)
     model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache)
     step = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     model(input_ids=ids[:, -1:], attention_mask=step, position_ids=positions(step)[:, -1:], cache=cache)
     layer = cache.compressed_layers[0]
-    longest = int(((layer.storage.prefix.lengths + 3) // 4).max())  # type: ignore[union-attr]
-    stored = sum(tier.num_blocks * tier.num_segments for tier in layer.storage.prefix.blocks)  # type: ignore[union-attr]
-    assert stored >= 3 * longest  # several segments: several tiles
-    assert spans and max(spans) <= 4 * max(2, longest) < 4 * stored
+    prefix = layer.storage.prefix  # type: ignore[union-attr]
+    widest = -(-int(prefix.lengths.max()) // 4) * 4  # one sequence's padded entries
+    stored = int(prefix.lengths.sum())
+    assert spans and max(spans) <= max(8, widest) < stored

@@ -1,8 +1,8 @@
 """Quantized storage of kept entries: ``kv_bits`` 8 or 4 in KIVI-style groups, with the spec
 (:mod:`.spec`), the codec (:mod:`.codec`), blocks of codes (:mod:`.blocks`, :mod:`.partial`), the
-quantized prefix (:mod:`.prefix`, :mod:`.pool`), its decode plan and attention (:mod:`.plan`,
-:mod:`.attention`, the C kernel in :mod:`.kernels`), the layer (:mod:`.layer`) and the tensors
-it saves (:mod:`.persist`)."""
+quantized prefix (:mod:`.prefix`, :mod:`.pool`) and its block table for the decode op
+(:mod:`.paged`; the op and its C kernel are in :mod:`criticalkv.ops`), the storage
+(:mod:`.storage`) and the tensors it saves (:mod:`.persist`)."""
 
 from criticalkv.cache.quantized.spec import (
     DEFAULT_GROUP_SIZES,

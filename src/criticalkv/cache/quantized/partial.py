@@ -4,8 +4,8 @@ A segment keeping ``L`` entries has ``L // G`` whole blocks (in the staircase of
 :mod:`~criticalkv.cache.quantized.prefix`) and, when ``r = L mod G > 0``, one partial block of
 ``r`` entries. Partial blocks are stored here back to back, no padding: ``r`` entries of codes
 and value statistics each, plus one key scale and zero point per channel over those ``r``
-entries. Decode attention gathers them into padded, masked slots of its tiles
-(:mod:`~criticalkv.cache.quantized.plan`); :meth:`PartialBlocks.as_blocks` builds the same
+entries. Decode attention reads them at their real lengths through ``entry_starts`` of the op's
+block table (:mod:`~criticalkv.cache.quantized.paged`); :meth:`PartialBlocks.as_blocks` builds the same
 padding as one transient :class:`QuantizedBlocks` for readers that want whole blocks, never kept.
 """
 

@@ -1,13 +1,13 @@
 """A quantized prefix's stored tensors, each field one contiguous tensor that decode gathers from.
 
 The staircase tiers and the partial blocks (:mod:`~criticalkv.cache.quantized.prefix`) are
-separate tensors. Decode attention wants every entry of a tile in one workspace, so the prefix is
-*pooled* once: each field's tiers and partial blocks are concatenated into one tensor, entries
-(codes, value statistics) in one, blocks (key statistics) in another, and the tiers and partial
-blocks are replaced by views of it. The stored bytes are the same (nothing is kept twice), and
-everything that reads the tiers (saving, re-selection, the references) reads the views unchanged.
-A decode step then gathers any segment's entries from one tensor per field with one
-``index_select`` (:mod:`~criticalkv.cache.quantized.plan`).
+separate tensors. Decode attention (``torch.ops.criticalkv.ragged_decode``) reads one pool per
+field through a block table, so the prefix is *pooled* once: each field's tiers and partial
+blocks are concatenated into one tensor, entries (codes, value statistics) in one, blocks (key
+statistics) in another, and the tiers and partial blocks are replaced by views of it. The stored
+bytes are the same (nothing is kept twice), and everything that reads the tiers (saving,
+re-selection, the references) reads the views unchanged. A decode step then reads any segment's
+entries from one tensor per field (:mod:`~criticalkv.cache.quantized.paged` builds the table).
 """
 
 from __future__ import annotations

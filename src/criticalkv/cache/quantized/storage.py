@@ -3,11 +3,11 @@
 The compressed prompt is a :class:`~criticalkv.cache.quantized.prefix.QuantizedPrefix`. Appended
 tokens go to a full-precision residual; once it holds ``residual + G`` entries per segment, its
 oldest whole blocks of ``G`` are quantized into the quantized tail, so the most recent
-``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention reads the quantized
-blocks a tile of whole segments at a time (:mod:`criticalkv.cache.quantized.attention`), gathered
-from the prefix's pooled tensors by a plan rebuilt when the tail gains a block
-(:mod:`criticalkv.cache.quantized.plan`); on CPU float32, a compiled C kernel reads them segment by
-segment instead (:mod:`criticalkv.cache.quantized.kernels.quantized_decode`).
+``residual`` to ``residual + G - 1`` tokens stay exact. Decode attention is one call of
+``torch.ops.criticalkv.ragged_decode`` per layer and step: the prefix's pooled codes read through
+its block table (:mod:`criticalkv.cache.quantized.paged`), the quantized tail blocks dequantized
+and the residual as the op's dense tail. Which implementation runs is the op's choice per device
+(the C kernel on CPU, Triton on CUDA, its torch reference elsewhere; :mod:`criticalkv.ops`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.quantized.attention import quantized_attention
 from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
 from criticalkv.cache.quantized.codec import value_group
-from criticalkv.cache.quantized.kernels.build import decode_kernel
-from criticalkv.cache.quantized.kernels.quantized_decode import BlockList, block_list, c_quantized_attention, supports
 from criticalkv.cache.quantized.paged import PagedQuantized, paged_quantized
 from criticalkv.cache.quantized.persist import (
     BLOCK_FIELDS,
@@ -28,12 +25,10 @@ from criticalkv.cache.quantized.persist import (
     prefix_tensors,
     restore_prefix,
 )
-from criticalkv.cache.quantized.plan import DecodePlan, plan
-from criticalkv.cache.quantized.pool import PrefixPool
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
 from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.storage import Geometry, Storage
-from criticalkv.ops import decode_through_op, ragged_decode
+from criticalkv.ops import ragged_decode
 
 
 class QuantizedStorage(Storage):
@@ -56,9 +51,7 @@ class QuantizedStorage(Storage):
         self.residual_values: torch.Tensor | None = None
         self.residual_len = 0
         self.tail_len = 0
-        self._plan: DecodePlan | None = None  # the decode tiles, for this prefix and tail_used
-        self._blocks: tuple[QuantizedPrefix, BlockList] | None = None  # the C kernel's block list, for this prefix
-        self._paged: tuple[QuantizedPrefix, PagedQuantized] | None = None  # the decode op's block table, likewise
+        self._paged: tuple[QuantizedPrefix, PagedQuantized] | None = None  # the op's block table, for this prefix
 
     def _prefix(self) -> QuantizedPrefix:
         if self.prefix is None:
@@ -175,40 +168,10 @@ class QuantizedStorage(Storage):
 
     # --- attention -------------------------------------------------------------------------------
     def attend(self, query: torch.Tensor, tail_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-        """CPU float32 goes through the C kernel where it builds (``CRITICALKV_KERNEL``,
-        :mod:`~criticalkv.cache.quantized.kernels.build`), everything else through the torch kernel."""
-        prefix = self._prefix()
-        pool = prefix.decode_pool()
-        if decode_through_op(query.device):
-            return self._attend_op(query, tail_mask, pool, scaling)
-        library = decode_kernel() if supports(query, self.residual_keys) else None
-        if library is None:
-            return self._attend_torch(query, tail_mask, pool, scaling)
-        if self._blocks is None or self._blocks[0] is not prefix:
-            self._blocks = (prefix, block_list(prefix, pool, self.spec.group_size))
-        return c_quantized_attention(
-            library,
-            query,
-            None if prefix.identity else prefix.perm,
-            pool,
-            self._blocks[1],
-            self.tail_blocks,
-            self.tail_used,
-            self.residual_keys,
-            self.residual_values,
-            self.residual_len,
-            tail_mask,
-            scaling,
-            self.spec.bits,
-            self.spec.group_size,
-        )
-
-    def _attend_op(
-        self, query: torch.Tensor, tail_mask: torch.Tensor | None, pool: PrefixPool | None, scaling: float
-    ) -> torch.Tensor:
         """Through ``torch.ops.criticalkv.ragged_decode``: the pooled codes and the block table; the
         quantized tail blocks dequantized and the residual as its dense tail."""
         prefix, geometry, g = self._prefix(), self._geometry(), self.spec.group_size
+        pool = prefix.decode_pool()
         if self._paged is None or self._paged[0] is not prefix:
             self._paged = (prefix, paged_quantized(prefix, pool, g))
         paged = self._paged[1]
@@ -251,32 +214,6 @@ class QuantizedStorage(Storage):
         if not parts_k:
             return None, None
         return torch.cat(parts_k, dim=1), torch.cat(parts_v, dim=1)
-
-    def _attend_torch(
-        self, flat: torch.Tensor, tail_mask: torch.Tensor | None, pool: PrefixPool | None, scaling: float
-    ) -> torch.Tensor:
-        """The torch kernel: (S, Q, d) queries in original segment order -> (S, Q, d) outputs."""
-        prefix = self._prefix()
-        if not prefix.identity:
-            flat = flat.index_select(0, prefix.perm)
-            tail_mask = None if tail_mask is None else tail_mask[prefix.perm]
-        r = self.residual_len
-        room = 0 if self.residual_keys is None else int(self.residual_keys.shape[1])
-        if self._plan is None or self._plan.tail_used != self.tail_used or self._plan.room < r:
-            self._plan = plan(prefix, pool, self.spec.group_size, self.tail_used, room)
-        out = quantized_attention(
-            flat,
-            pool,
-            self._plan,
-            self.tail_blocks,
-            None if self.residual_keys is None else self.residual_keys[:, :r],
-            None if self.residual_values is None else self.residual_values[:, :r],
-            tail_mask,
-            scaling,
-            self.spec.bits,
-            self.spec.group_size,
-        )
-        return out if prefix.identity else out.index_select(0, prefix.inv_perm)
 
     # --- copies ----------------------------------------------------------------------------------
     def share(self) -> QuantizedStorage:

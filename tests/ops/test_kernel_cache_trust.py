@@ -22,14 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from criticalkv.cache.quantized.attention import quantized_attention
-from criticalkv.cache.quantized.kernels import build
-from criticalkv.cache.quantized.kernels.args import DecodeArgs
-from criticalkv.cache.quantized.kernels.quantized_decode import block_list, c_quantized_attention
-from criticalkv.cache.quantized.plan import plan
-from criticalkv.cache.quantized.prefix import build_quantized_prefix
+from criticalkv.ops import ragged_decode_reference
+from criticalkv.ops.cpu import build, c_ragged_decode
+from criticalkv.ops.cpu.args import DecodeArgs
+from tests.helpers.ragged_layouts import random_layout
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 needs_compiler = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler (cc or gcc) on PATH"
 )
@@ -39,7 +37,7 @@ as_root = os.geteuid() == 0
 FOREIGN = """
 #include <stdint.h>
 int64_t ckv_decode_args_size(void) { return ARGS_SIZE; }
-int ckv_quantized_decode(char *args) {
+int ckv_ragged_decode(char *args) {
     int64_t s = *(int64_t *)(args + S_AT), q = *(int64_t *)(args + Q_AT), d = *(int64_t *)(args + D_AT);
     float *out = *(float **)(args + OUT_AT);
     for (int64_t i = 0; i < s * q * d; i++) out[i] = 1234.0f;
@@ -73,37 +71,24 @@ def _real_kernel(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         local.setenv("CRITICALKV_CACHE_DIR", str(scratch))
         library = build.load_library()
         assert isinstance(library, ctypes.CDLL), library
-    (built,) = (scratch / "kernels").glob("quantized_decode-*.so")
+    (built,) = (scratch / "kernels").glob("ragged_decode-*.so")
     return built
 
 
 def _decode_both(library: ctypes.CDLL | None) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """One 4-bit decode through ``library`` (``None``: skipped) and through the torch kernel."""
-    g = torch.Generator().manual_seed(7)
-    keys, values = torch.randn(1, 3, 50, 16, generator=g), torch.randn(1, 3, 50, 16, generator=g)
-    keep = torch.rand(1, 3, 50, generator=g) < torch.tensor([0.9, 0.5, 0.2]).view(1, 3, 1)
-    prefix = build_quantized_prefix(keys, values, keep, 4, 8)
-    pool = prefix.decode_pool()
-    res_k, res_v = torch.randn(3, 2, 16, generator=g), torch.randn(3, 2, 16, generator=g)
-    query = torch.randn(3, 2, 16, generator=g)
-    perm, inv = prefix.perm, prefix.inv_perm
-    expected = quantized_attention(
-        query[perm], pool, plan(prefix, pool, 8, 0, 2), None, res_k, res_v, None, 0.25, 4, 8
-    )[inv]
+    """One 4-bit decode through ``library`` (``None``: skipped) and through the torch reference."""
+    layout = random_layout([40, 20, 9], queries=2, block_size=8, tail=2, bits=4, seed=7, compact=True)
+    expected = ragged_decode_reference(**layout.inputs)
     if library is None:
         return None, expected
-    got = c_quantized_attention(
-        library, query, None if prefix.identity else perm, pool, block_list(prefix, pool, 8),
-        None, 0, res_k, res_v, 2, None, 0.25, 4, 8,
-    )  # fmt: skip
-    return got, expected
+    return c_ragged_decode(library, **layout.inputs), expected
 
 
 #: run in a child process, where a bad library can crash only the child: decode once, report as JSON
 PROBE = """
 import json
-from criticalkv.cache.quantized.kernels import build
-from tests.cache.quantized.test_kernel_cache_trust import _decode_both
+from criticalkv.ops.cpu import build
+from tests.ops.test_kernel_cache_trust import _decode_both
 library = build.decode_kernel()
 got, expected = _decode_both(library)
 diff = None if got is None else float((got - expected).abs().max())
@@ -113,7 +98,7 @@ print(json.dumps({"loaded": library is not None, "diff": diff}))
 
 def _probe(cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """:data:`PROBE` in a fresh interpreter with ``CRITICALKV_CACHE_DIR=cache``."""
-    source = Path(build.__file__).parents[4]  # the criticalkv this process imported, and these tests
+    source = Path(build.__file__).parents[3]  # the criticalkv this process imported, and these tests
     environment = {**os.environ, "CRITICALKV_CACHE_DIR": str(cache), "PYTHONPATH": f"{source}{os.pathsep}{ROOT}"}
     environment.pop("CRITICALKV_KERNEL", None)
     return subprocess.run(
@@ -128,7 +113,7 @@ def test_a_build_records_its_digest_and_keeps_the_folder_private(kernels: Path) 
     Before: no record was written (``FileNotFoundError`` on ``.so.sha256``) and the folder took the
     umask's mode."""
     assert isinstance(build.load_library(), ctypes.CDLL)
-    (library,) = kernels.glob("quantized_decode-*.so")
+    (library,) = kernels.glob("ragged_decode-*.so")
     record = json.loads(Path(f"{library}.sha256").read_text())
     assert record["size"] == library.stat().st_size
     assert record["sha256"] == build.trust.file_digest(library)[0]
@@ -284,7 +269,7 @@ def test_a_library_or_folder_others_can_change_is_refused(
 
     Before: it was loaded as it was (``decode_kernel()`` returned the library)."""
     assert isinstance(build.load_library(), ctypes.CDLL)
-    (library,) = kernels.glob("quantized_decode-*.so")
+    (library,) = kernels.glob("ragged_decode-*.so")
     fix = tamper(library)
     _forget()
     with caplog.at_level(logging.WARNING, logger=build.__name__):
@@ -340,7 +325,7 @@ def test_a_damaged_library_in_a_folder_that_cannot_be_changed_is_refused(
 
     Before: it was loaded as it was (``decode_kernel()`` returned the library)."""
     assert isinstance(build.load_library(), ctypes.CDLL)
-    (library,) = kernels.glob("quantized_decode-*.so")
+    (library,) = kernels.glob("ragged_decode-*.so")
     changed = kernels / "changed"
     changed.write_bytes(library.read_bytes()[:-1] + b"\x01")
     changed.chmod(0o700)

@@ -1,18 +1,23 @@
-"""Compile the C decode kernels once per machine and load them with :mod:`ctypes`.
+"""Compile the C decode kernel once per machine and load it with :mod:`ctypes`.
 
-The kernels are plain C (no torch headers), so a compile takes well under a second. The shared
-library goes into ``$CRITICALKV_CACHE_DIR/kernels`` (default ``~/.cache/criticalkv/kernels``,
+Why not ``torch.utils.cpp_extension``: the kernel is plain C (no torch headers), so a compile
+takes well under a second, where an extension compiled against torch's C++ headers takes tens of
+seconds on two cores and needs ninja; and the extension cache loads whatever library it finds under
+its name, while this one loads only what it built (issue 30's planted-kernel case). The op's typed
+face is the schema of ``torch.ops.criticalkv.ragged_decode``; this module only supplies its CPU body.
+
+The shared library goes into ``$CRITICALKV_CACHE_DIR/kernels`` (default ``~/.cache/criticalkv/kernels``,
 or under ``$XDG_CACHE_HOME``), named by a hash of the source, the compiler, its flags and the
 machine (its architecture and CPU flags, as ``-march=native`` code only runs where it was built),
 written to a temporary file and renamed into place, so concurrent processes never load a partial
 file. ``$CC`` names the compiler (default ``cc``, then ``gcc``). Nothing there is loaded unless this
 code built it: each library's sha256 is recorded beside it and checked before loading, and the
 folder and files must be the user's own (:mod:`.trust`); a foreign, damaged or truncated library
-is built again with a warning, and a folder that cannot be written means the torch kernel.
+is built again with a warning, and a folder that cannot be written means the op's torch reference.
 
 ``CRITICALKV_KERNEL`` chooses: ``auto`` (the default: the C kernel where it builds, else one
-logged warning and the torch kernel), ``c`` (the C kernel or an error saying why not), ``torch``
-(never compile; the torch kernel).
+logged warning and the torch reference), ``c`` (the C kernel or an error saying why not), ``torch``
+(never compile; the torch reference).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from criticalkv.cache.quantized.kernels import trust
-from criticalkv.cache.quantized.kernels.args import DecodeArgs
+from criticalkv.ops.cpu import trust
+from criticalkv.ops.cpu.args import DecodeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +57,13 @@ _loaded: dict[tuple[str, str, str], ctypes.CDLL | str] = {}  # (compiler, source
 
 
 def bind_decode(library: ctypes.CDLL) -> ctypes.CDLL | str:
-    """Type ``ckv_quantized_decode``'s one argument (a pointer to :class:`DecodeArgs`) after checking
+    """Type ``ckv_ragged_decode``'s one argument (a pointer to :class:`DecodeArgs`) after checking
     that the library lays the struct out as this module does; else a sentence saying it does not."""
     size = library.ckv_decode_args_size
     size.argtypes, size.restype = [], ctypes.c_int64
     if int(size()) != ctypes.sizeof(DecodeArgs):
         return f"the compiled kernel's argument struct has {int(size())} bytes, not {ctypes.sizeof(DecodeArgs)}"
-    function = library.ckv_quantized_decode
+    function = library.ckv_ragged_decode
     function.argtypes, function.restype = [ctypes.POINTER(DecodeArgs)], ctypes.c_int
     return library
 
@@ -190,11 +195,11 @@ def _prepare(compiler: str, source: Path, target: Path) -> str | None:
 @functools.cache
 def _source(name: str) -> tuple[Path, bytes]:
     """The kernel's source file and its bytes (read once per process)."""
-    source = Path(str(resources.files("criticalkv.cache.quantized.kernels").joinpath(f"{name}.c")))
+    source = Path(str(resources.files("criticalkv.ops.cpu").joinpath(f"{name}.c")))
     return source, source.read_bytes()
 
 
-def load_library(name: str = "quantized_decode") -> ctypes.CDLL | str:
+def load_library(name: str = "ragged_decode") -> ctypes.CDLL | str:
     """The compiled kernel library ``name`` (``kernels/<name>.c``), building it if needed, or a
     sentence saying why it is not available. Cached per compiler, source and folder."""
     compiler = find_compiler()
@@ -240,7 +245,7 @@ _chosen: dict[tuple[str | None, ...], ctypes.CDLL | str] = {}  # environment -> 
 
 def decode_kernel() -> ctypes.CDLL | None:
     """The C decode kernel to use, per ``CRITICALKV_KERNEL``: the library, or ``None`` for the
-    torch kernel (``auto`` logs one warning per reason when the C kernel cannot be had).
+    op's torch reference (``auto`` logs one warning per reason when the C kernel cannot be had).
 
     Raises
     ------
@@ -260,9 +265,9 @@ def decode_kernel() -> ctypes.CDLL | None:
         raise KernelUnavailable(
             f"{KERNEL_ENV}=c but the C decode kernel is unavailable: {library}. "
             f"{'Install a C compiler (gcc)' if library.startswith(NO_COMPILER) else 'Fix that'}, "
-            f"or set {KERNEL_ENV}=auto or torch to use the torch kernel."
+            f"or set {KERNEL_ENV}=auto or torch to use the torch reference."
         )
     if library not in _warned:
         _warned.add(library)
-        logger.warning("the C decode kernel is unavailable, using the torch kernel: %s", library)
+        logger.warning("the C decode kernel is unavailable, using the torch reference: %s", library)
     return None

@@ -1,18 +1,19 @@
 /*
- * Decode attention over criticalkv's quantized storage, one call per layer and step.
+ * The CPU implementation of torch.ops.criticalkv.ragged_decode (criticalkv/ops/ragged_decode.py has
+ * the layout), one call per layer and step.
  *
- * For every sorted segment (a batch row and KV head) and its Q query rows, the scores over the
- * segment's own entries (no padding): its prefix blocks read through the block list (entry
- * row, block row and length of each block in the pooled prefix), the quantized tail's used
- * blocks, the full-precision residual; the tail and residual columns under the tail mask.
- * Then an exact max-subtracted softmax per row and the probability-weighted values, float32
- * accumulation throughout. A row with nothing to attend to gives zeros.
+ * For every sequence (a batch row and KV head) and its Q query rows, the scores over the sequence's
+ * own entries (no padding): its blocks read through the block table (block b holds pool rows
+ * [start_b, start_b + block_size), start_b = entry_starts[b] or b * block_size; the last block may be
+ * partial), then the dense float32 tail under the tail mask. Then an exact max-subtracted softmax
+ * per row and the probability-weighted values, float32 accumulation throughout. A row with nothing
+ * to attend to gives zeros.
  *
- * Storage (criticalkv/cache/quantize.py, quantized_store.py): codes c in [0, 2^bits - 1],
- * x = c * scale + zero with float16 scale and zero point. Keys: per channel over a block of
- * entries (one scale and zero point per block and channel); values: per entry over groups of
- * vgw = d / vgroups consecutive channels. 4-bit codes two a byte, channel 2j in the low
- * nibble of byte j, channel 2j + 1 in the high one.
+ * Entries: float32 (bits 32: the op's 16-bit storage in float32), or codes c in [0, 2^bits - 1]
+ * (bits 8 or 4), x = c * scale + zero with float16 scale and zero point. Keys: per channel over a
+ * block (one scale and zero point per block and channel); values: per entry over groups of
+ * vgw = d / vgroups consecutive channels (KIVI's grouping). 4-bit codes two a byte, channel 2j in
+ * the low nibble of byte j, channel 2j + 1 in the high one.
  *
  * Keys are never dequantized: with qs = q * scale (per channel of a block) and
  * qz = q . zero, q . k = qs . c + qz. Values are accumulated as sum p * scale * c per channel
@@ -55,6 +56,7 @@ static inline void unpack_codes(const uint8_t *codes, int64_t d, int bits, float
 
 static inline float dot(const float *a, const float *b, int64_t d) {
     float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
     for (int64_t c = 0; c < d; c++) acc += a[c] * b[c];
     return acc;
 }
@@ -72,6 +74,12 @@ typedef struct {
 static void block_scores(const Work *w, const float *q, const uint8_t *kc, const uint16_t *ks,
                          const uint16_t *kz, int64_t len, float *scores, int64_t stride) {
     int64_t d = w->d;
+    if (w->bits == 32) { /* float32 entries: plain dot products */
+        const float *k = (const float *)kc;
+        for (int64_t e = 0; e < len; e++)
+            for (int64_t i = 0; i < w->Q; i++) scores[i * stride + e] = dot(q + i * d, k + e * d, d);
+        return;
+    }
     for (int64_t i = 0; i < w->Q; i++) {
         float z = 0.0f;
         for (int64_t c = 0; c < d; c++) {
@@ -90,6 +98,16 @@ static void block_scores(const Work *w, const float *q, const uint8_t *kc, const
 static void block_values(const Work *w, const uint8_t *vc, const uint16_t *vs, const uint16_t *vz,
                          int64_t len, const float *probs, int64_t stride) {
     int64_t d = w->d, ng = w->vgroups, gw = w->vgw;
+    if (w->bits == 32) {
+        const float *v = (const float *)vc;
+        for (int64_t e = 0; e < len; e++)
+            for (int64_t i = 0; i < w->Q; i++) {
+                float p = probs[i * stride + e];
+                float *a = w->acc + i * d;
+                for (int64_t c = 0; c < d; c++) a[c] += p * v[e * d + c];
+            }
+        return;
+    }
     for (int64_t e = 0; e < len; e++) {
         unpack_codes(vc + e * w->width, d, (int)w->bits, w->unp);
         for (int64_t g = 0; g < ng; g++) {
@@ -107,51 +125,42 @@ static void block_values(const Work *w, const uint8_t *vc, const uint16_t *vs, c
 }
 
 /*
- * The arguments of one call, laid out once here and once in kernels/quantized_decode.py
- * (DecodeArgs, a ctypes.Structure with the same fields in the same order): every argument is
- * named and typed, and `size` (sizeof as the caller laid it out) is checked before anything is
- * read, so a caller built against another layout is refused (-2) instead of corrupting memory.
+ * The arguments of one call, laid out once here and once in ops/cpu/args.py (DecodeArgs, a
+ * ctypes.Structure with the same fields in the same order): every argument is named and typed, and
+ * `size` (sizeof as the caller laid it out) is checked before anything is read, so a caller built
+ * against another layout is refused (-2) instead of corrupting memory.
  *
- * query (S, Q, d) float32 and out (S, Q, d) float32 in the original segment order: sorted segment s
- * is row perm[s] of both (perm NULL: the identity), and of the tail mask; everything else is in
- * sorted order.
- * Prefix pool: key/value codes (E, width) uint8, value scale/zero (E, vgroups) float16 bits,
- * key scale/zero (NB, d). Segment s owns blocks [seg_offsets[s], seg_offsets[s + 1]) of the block
- * list; block k: entries [blk_entry[k], blk_entry[k] + blk_len[k]) and key statistics row blk_row[k].
- * Tail (may be absent: tail_used 0): (S, tail_cap, group, width) codes, (S, tail_cap, 1, d) key
- * stats, (S, tail_cap, group, vgroups) value stats. Residual: r float32 entries of d per segment,
- * segment s at res_k + s * res_stride. Tail mask (S, Q, mask_t) uint8 (1: attend) over the tail's
- * columns (quantized blocks, then the residual), or NULL: attend to all.
- * threads: segments are shared among this many OpenMP threads (1 without OpenMP).
+ * query (S, Q, d) float32 and out (S, Q, d) float32. Pool: keys/values (P, d) float32 (bits 32) or
+ * codes (P, width) uint8; value scale/zero (P, vgroups) float16 bits; key scale/zero (P / block_size,
+ * d). Block table (S, M) int32, lengths (S,) int32, entry_starts (NB,) int32 or NULL. Tail: t float32
+ * entries of d per sequence, sequence s at tail_k + s * t * d; mask (S, Q, t) uint8 (1: attend) or
+ * NULL: attend to all. P: pool rows; NB: pool blocks (rows of the key statistics). threads: work
+ * items are shared among this many OpenMP threads. Every block the lengths reach is checked to lie
+ * inside the pool before anything is read (-3 otherwise).
  */
 typedef struct {
     int64_t size;
-    int64_t S, Q, d, bits, group, vgroups, threads;
+    int64_t S, Q, d, bits, block_size, vgroups, M, P, NB, threads;
     double scaling;
     const float *query;
-    const int64_t *perm;
-    const uint8_t *p_kc, *p_vc;
+    const uint8_t *p_k, *p_v;
     const uint16_t *p_vs, *p_vz, *p_ks, *p_kz;
-    const int64_t *seg_offsets, *blk_entry, *blk_row, *blk_len;
-    int64_t tail_used, tail_cap;
-    const uint8_t *t_kc;
-    const uint16_t *t_ks, *t_kz;
-    const uint8_t *t_vc;
-    const uint16_t *t_vs, *t_vz;
-    int64_t r, res_stride;
-    const float *res_k, *res_v;
+    const int32_t *table, *lengths, *entry_starts;
+    int64_t t;
+    const float *tail_k, *tail_v;
     const uint8_t *mask;
-    int64_t mask_t;
     float *out;
 } CkvDecodeArgs;
 
 int64_t ckv_decode_args_size(void) { return (int64_t)sizeof(CkvDecodeArgs); }
 
-/* one thread's workspace over score columns of `stride` (the longest segment's) */
+/* one thread's workspace over score columns of `stride` (the widest item's) */
 typedef struct {
     float *buf, *scores, *qv;
     Work w;
 } Space;
+
+static int64_t row_width(const CkvDecodeArgs *a) { return a->bits == 32 ? a->d * 4 : a->d * a->bits / 8; }
 
 static int space_alloc(Space *sp, const CkvDecodeArgs *a, int64_t stride) {
     int64_t Q = a->Q, d = a->d;
@@ -160,7 +169,7 @@ static int space_alloc(Space *sp, const CkvDecodeArgs *a, int64_t stride) {
     if (sp->buf == NULL) return -1;
     sp->scores = sp->buf;
     sp->qv = sp->scores + Q * stride;
-    Work w = {d, a->bits, d * a->bits / 8, a->vgroups, d / a->vgroups, Q, sp->qv + Q * d, 0, 0, 0, 0};
+    Work w = {d, a->bits, row_width(a), a->vgroups, d / a->vgroups, Q, sp->qv + Q * d, 0, 0, 0, 0};
     w.qz = w.qs + Q * d;
     w.unp = w.qz + Q;
     w.acc = w.unp + d;
@@ -169,71 +178,110 @@ static int space_alloc(Space *sp, const CkvDecodeArgs *a, int64_t stride) {
     return 0;
 }
 
-/* One work item: blocks [k0, k1) of sorted segment s's block list, and, for its last item, the
- * quantized tail blocks and the residual. Long segments are cut into several items (split-K) so
- * that threads share even one segment; each item's softmax is merged exactly afterwards. */
+/* One work item: blocks [j0, j1) of sequence s's row of the block table, and, for its last item,
+ * the tail. Long sequences are cut into several items (split-K) so that threads share even one
+ * sequence; each item's softmax is merged exactly afterwards. */
 typedef struct {
-    int64_t s, k0, k1, with_tail;
+    int64_t s, j0, j1, with_tail;
 } Item;
 
-/* entries of prefix per item before a segment is cut: enough work per item, items enough for threads */
+/* entries per item before a sequence is cut: enough work per item, items enough for threads */
 #define ITEM_ENTRIES 256
 
-/* the work items of every segment in order; returns their count (items has room for blocks + S) */
+static int64_t blocks_of(const CkvDecodeArgs *a, int64_t s) {
+    int64_t n = (a->lengths[s] + a->block_size - 1) / a->block_size;
+    return n < a->M ? n : a->M;
+}
+
+static int64_t block_len(const CkvDecodeArgs *a, int64_t s, int64_t j) {
+    int64_t left = a->lengths[s] - j * a->block_size;
+    return left < a->block_size ? left : a->block_size;
+}
+
+static int64_t block_start(const CkvDecodeArgs *a, int64_t b) {
+    return a->entry_starts != NULL ? (int64_t)a->entry_starts[b] : b * a->block_size;
+}
+
+/* entries from block j of sequence s on, read as one run; *next is the block after it. Float32
+ * entries (no statistics) coalesce blocks that follow each other in the pool (the 16-bit layouts'
+ * one-entry blocks of a tier are consecutive rows); codes go a block at a time (own statistics). */
+static int64_t run_of(const CkvDecodeArgs *a, int64_t s, int64_t j, int64_t j1, int64_t *next) {
+    int64_t len = block_len(a, s, j), end = block_start(a, a->table[s * a->M + j]) + len;
+    *next = j + 1;
+    if (a->bits != 32) return len;
+    while (*next < j1 && block_start(a, a->table[s * a->M + *next]) == end) {
+        int64_t more = block_len(a, s, *next);
+        len += more;
+        end += more;
+        *next += 1;
+    }
+    return len;
+}
+
+/* whether every block that sequence s's length reaches lies inside the pool */
+static int sequence_fits(const CkvDecodeArgs *a, int64_t s) {
+    if (a->lengths[s] < 0 || a->lengths[s] > a->M * a->block_size) return 0;
+    for (int64_t j = 0; j < blocks_of(a, s); j++) {
+        int64_t b = a->table[s * a->M + j];
+        if (b < 0 || b >= a->NB) return 0;
+        int64_t start = block_start(a, b);
+        if (start < 0 || start + block_len(a, s, j) > a->P) return 0;
+    }
+    return 1;
+}
+
+/* the work items of every sequence in order; returns their count (items has room for S * (M + 1)),
+ * or -1 if a sequence reaches outside the pool */
 static int64_t make_items(const CkvDecodeArgs *a, Item *items, int64_t *first, int64_t *widest) {
-    int64_t n = 0, tail_cols = a->tail_used * a->group + a->r;
+    int64_t n = 0;
     *widest = 0;
     for (int64_t s = 0; s < a->S; s++) {
+        if (!sequence_fits(a, s)) return -1;
         first[s] = n;
-        int64_t k0 = a->seg_offsets[s], entries = 0;
-        for (int64_t k = a->seg_offsets[s]; k < a->seg_offsets[s + 1]; k++) {
-            entries += a->blk_len[k];
-            if (entries >= ITEM_ENTRIES && k + 1 < a->seg_offsets[s + 1]) {
-                items[n++] = (Item){s, k0, k + 1, 0};
+        int64_t j0 = 0, entries = 0, nb = blocks_of(a, s);
+        for (int64_t j = 0; j < nb; j++) {
+            entries += block_len(a, s, j);
+            if (entries >= ITEM_ENTRIES && j + 1 < nb) {
+                items[n++] = (Item){s, j0, j + 1, 0};
                 *widest = entries > *widest ? entries : *widest;
-                k0 = k + 1;
+                j0 = j + 1;
                 entries = 0;
             }
         }
-        items[n++] = (Item){s, k0, a->seg_offsets[s + 1], 1};
-        *widest = entries + tail_cols > *widest ? entries + tail_cols : *widest;
+        items[n++] = (Item){s, j0, nb, 1};
+        *widest = entries + a->t > *widest ? entries + a->t : *widest;
     }
     first[a->S] = n;
     return n;
 }
 
-/* scores of one item's columns: its prefix blocks, then (last item) tail blocks and residual; sets *lp */
+/* scores of one item's columns: its blocks, then (last item) the tail; sets *lp to the blocks' columns */
 static int64_t item_scores(const CkvDecodeArgs *a, Space *sp, const Item *it, int64_t stride, int64_t *lp) {
     const Work *w = &sp->w;
     int64_t d = a->d, Q = a->Q, width = w->width, col = 0, s = it->s;
-    for (int64_t k = it->k0; k < it->k1; k++) {
-        block_scores(w, sp->qv, a->p_kc + a->blk_entry[k] * width, a->p_ks + a->blk_row[k] * d,
-                     a->p_kz + a->blk_row[k] * d, a->blk_len[k], sp->scores + col, stride);
-        col += a->blk_len[k];
+    for (int64_t j = it->j0, next; j < it->j1; j = next) {
+        int64_t b = a->table[s * a->M + j], start = block_start(a, b), len = run_of(a, s, j, it->j1, &next);
+        const uint16_t *ks = a->p_ks == NULL ? NULL : a->p_ks + b * d, *kz = a->p_kz == NULL ? NULL : a->p_kz + b * d;
+        block_scores(w, sp->qv, a->p_k + start * width, ks, kz, len, sp->scores + col, stride);
+        col += len;
     }
     *lp = col;
     if (!it->with_tail) return col;
-    for (int64_t b = 0; b < a->tail_used; b++) {
-        int64_t blk = s * a->tail_cap + b;
-        block_scores(w, sp->qv, a->t_kc + blk * a->group * width, a->t_ks + blk * d, a->t_kz + blk * d, a->group,
-                     sp->scores + col, stride);
-        col += a->group;
-    }
-    for (int64_t e = 0; e < a->r; e++) {
-        const float *k = a->res_k + s * a->res_stride + e * d;
+    for (int64_t e = 0; e < a->t; e++) {
+        const float *k = a->tail_k + (s * a->t + e) * d;
         for (int64_t i = 0; i < Q; i++) sp->scores[i * stride + col + e] = dot(sp->qv + i * d, k, d);
     }
-    return col + a->r;
+    return col + a->t;
 }
 
 /* unnormalised softmax of each query row over `col` columns (the tail's, from lp, under the mask):
  * exp(x - max) in place; the row's max and sum go to part[i * (d + 2)] and [+ 1] (-inf, 0: none) */
-static void item_softmax(const CkvDecodeArgs *a, float *scores, int64_t orig, int64_t lp, int64_t col,
-                         int64_t stride, float *part) {
+static void item_softmax(const CkvDecodeArgs *a, float *scores, int64_t s, int64_t lp, int64_t col, int64_t stride,
+                         float *part) {
     for (int64_t i = 0; i < a->Q; i++) {
         float *row = scores + i * stride;
         if (a->mask != NULL && col > lp) {
-            const uint8_t *m = a->mask + (orig * a->Q + i) * a->mask_t;
+            const uint8_t *m = a->mask + (s * a->Q + i) * a->t;
             for (int64_t c = lp; c < col; c++)
                 if (!m[c - lp]) row[c] = -INFINITY;
         }
@@ -254,39 +302,30 @@ static void item_values(const CkvDecodeArgs *a, Space *sp, const Item *it, int64
     int64_t d = a->d, Q = a->Q, width = w->width, vg = a->vgroups, col = 0, s = it->s;
     memset(w->acc, 0, (size_t)(Q * d) * sizeof(float));
     memset(w->zacc, 0, (size_t)(Q * vg) * sizeof(float));
-    for (int64_t k = it->k0; k < it->k1; k++) {
-        int64_t e0 = a->blk_entry[k];
-        block_values(w, a->p_vc + e0 * width, a->p_vs + e0 * vg, a->p_vz + e0 * vg, a->blk_len[k], sp->scores + col,
-                     stride);
-        col += a->blk_len[k];
-    }
-    if (it->with_tail) {
-        for (int64_t b = 0; b < a->tail_used; b++) {
-            int64_t blk = s * a->tail_cap + b;
-            block_values(w, a->t_vc + blk * a->group * width, a->t_vs + blk * a->group * vg,
-                         a->t_vz + blk * a->group * vg, a->group, sp->scores + col, stride);
-            col += a->group;
-        }
+    for (int64_t j = it->j0, next; j < it->j1; j = next) {
+        int64_t e0 = block_start(a, a->table[s * a->M + j]), len = run_of(a, s, j, it->j1, &next);
+        const uint16_t *vs = a->p_vs == NULL ? NULL : a->p_vs + e0 * vg, *vz = a->p_vz == NULL ? NULL : a->p_vz + e0 * vg;
+        block_values(w, a->p_v + e0 * width, vs, vz, len, sp->scores + col, stride);
+        col += len;
     }
     for (int64_t i = 0; i < Q; i++) {
         float *acc = w->acc + i * d, *o = part + i * (d + 2) + 2;
         if (it->with_tail) {
-            for (int64_t e = 0; e < a->r; e++) {
+            for (int64_t e = 0; e < a->t; e++) {
                 float p = sp->scores[i * stride + col + e];
-                const float *v = a->res_v + s * a->res_stride + e * d;
+                const float *v = a->tail_v + (s * a->t + e) * d;
                 for (int64_t c = 0; c < d; c++) acc[c] += p * v[c];
             }
         }
-        for (int64_t c = 0; c < d; c++) o[c] = acc[c] + w->zacc[i * vg + c / w->vgw];
+        for (int64_t c = 0; c < d; c++) o[c] = acc[c] + (w->bits == 32 ? 0.0f : w->zacc[i * vg + c / w->vgw]);
     }
 }
 
-/* segment s's output rows from its items' partial softmaxes (log-sum-exp merge) */
+/* sequence s's output rows from its items' partial softmaxes (log-sum-exp merge) */
 static void merge_items(const CkvDecodeArgs *a, int64_t s, int64_t i0, int64_t i1, const float *parts) {
     int64_t d = a->d, Q = a->Q, row = Q * (d + 2);
-    int64_t orig = a->perm == NULL ? s : a->perm[s];
     for (int64_t i = 0; i < Q; i++) {
-        float *o = a->out + (orig * Q + i) * d;
+        float *o = a->out + (s * Q + i) * d;
         float top = -INFINITY, total = 0.0f;
         for (int64_t t = i0; t < i1; t++) top = parts[t * row + i * (d + 2)] > top ? parts[t * row + i * (d + 2)] : top;
         for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
@@ -303,14 +342,19 @@ static void merge_items(const CkvDecodeArgs *a, int64_t s, int64_t i0, int64_t i
     }
 }
 
-/* Returns 0; -1 if a workspace could not be allocated; -2 if the caller's struct has another size. */
-int ckv_quantized_decode(const CkvDecodeArgs *a) {
+/* Returns 0; -1 if a workspace could not be allocated; -2 if the caller's struct has another size;
+ * -3 if the block table reaches outside the pool (nothing is read then). */
+int ckv_ragged_decode(const CkvDecodeArgs *a) {
     if (a == NULL || a->size != (int64_t)sizeof(CkvDecodeArgs)) return -2;
-    int64_t blocks = a->seg_offsets[a->S] - a->seg_offsets[0];
-    Item *items = (Item *)malloc((size_t)(blocks + a->S + 1) * sizeof(Item));
+    Item *items = (Item *)malloc((size_t)(a->S * (a->M + 1) + 1) * sizeof(Item));
     int64_t *first = (int64_t *)malloc((size_t)(a->S + 1) * sizeof(int64_t));
     int64_t stride = 0;
     int64_t n = (items && first) ? make_items(a, items, first, &stride) : 0;
+    if (n < 0) {
+        free(items);
+        free(first);
+        return -3;
+    }
     float *parts = (items && first) ? (float *)malloc((size_t)(n * a->Q * (a->d + 2) + 1) * sizeof(float)) : NULL;
     int failed = parts == NULL;
     float scaling = (float)a->scaling;
@@ -318,7 +362,7 @@ int ckv_quantized_decode(const CkvDecodeArgs *a) {
     if (!failed) {
 #pragma omp parallel num_threads(threads)
     {
-        Space sp;
+        Space sp = {0};
         int ok = space_alloc(&sp, a, stride > 0 ? stride : 1) == 0;
         if (!ok) {
 #pragma omp atomic write
@@ -328,11 +372,10 @@ int ckv_quantized_decode(const CkvDecodeArgs *a) {
         for (int64_t t = 0; t < n; t++) {
             if (!ok) continue;
             const Item *it = items + t;
-            int64_t orig = a->perm == NULL ? it->s : a->perm[it->s];
-            for (int64_t x = 0; x < a->Q * a->d; x++) sp.qv[x] = a->query[orig * a->Q * a->d + x] * scaling;
+            for (int64_t x = 0; x < a->Q * a->d; x++) sp.qv[x] = a->query[it->s * a->Q * a->d + x] * scaling;
             int64_t lp = 0, col = item_scores(a, &sp, it, stride, &lp);
             float *part = parts + t * a->Q * (a->d + 2);
-            item_softmax(a, sp.scores, orig, lp, col, stride, part);
+            item_softmax(a, sp.scores, it->s, lp, col, stride, part);
             item_values(a, &sp, it, stride, part);
         }
         if (ok) free(sp.buf);
