@@ -85,3 +85,24 @@ def test_a_bad_kernel_choice_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("CRITICALKV_KERNEL", "fast")
     with pytest.raises(ValueError, match="auto, c, torch"):
         build.kernel_mode()
+
+
+def test_without_a_compiler_decode_runs_on_the_reference_with_one_warning(
+    kernel_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole 4-bit generation path on a machine with no compiler: answers, one warning."""
+    import criticalkv as ckv
+    from tests.conftest import make_tiny
+    from tests.helpers.tiny_tokenizer import char_tokenizer
+
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(build, "_warned", set())
+    context = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 2
+    with caplog.at_level(logging.WARNING, logger=build.__name__):
+        result = ckv.generate(
+            make_tiny("llama"), char_tokenizer(), [context], ["Who?"], method="adakv", budget=0.4, window=4,
+            max_new_tokens=6, chat=False, kv_bits=4, kv_group_size=8,
+        )  # fmt: skip
+    assert len(result.answers) == 1
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "torch reference" in warnings[0].getMessage()
