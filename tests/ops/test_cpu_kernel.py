@@ -149,3 +149,21 @@ def test_kernel_torch_never_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
     layout = random_layout([4, 9], bits=8, seed=6)
     torch.testing.assert_close(ragged_decode(**layout.inputs), ragged_decode_reference(**layout.inputs))
     assert calls == []
+
+
+@pytest.mark.parametrize("used", [1, 3])
+def test_a_tail_that_is_a_slice_of_a_larger_buffer_is_read_in_place(used: int) -> None:
+    """The storages pass ``buffer[:, :used]`` of a tail with spare capacity: read where it lies,
+    never past ``used``; a tail with another memory layout (a transposed copy) is made dense."""
+    layout = random_layout([6, 0, 9], queries=3, tail=used, bits=4, seed=9)
+    x = layout.inputs
+    s, _, d = x["tail_keys"].shape
+    buffers = [torch.full((s, used + 4, d), float("nan")) for _ in range(2)]  # spare room: NaN if read
+    for buffer, name in zip(buffers, ("tail_keys", "tail_values"), strict=True):
+        buffer[:, :used] = x[name]
+    sliced = dict(x, tail_keys=buffers[0][:, :used], tail_values=buffers[1][:, :used])
+    assert not sliced["tail_keys"].is_contiguous() or used == 1
+    expected = ragged_decode_reference(**x)
+    torch.testing.assert_close(ragged_decode(**sliced), expected, atol=2e-5, rtol=2e-5)
+    odd = {name: x[name].transpose(1, 2).contiguous().transpose(1, 2) for name in ("tail_keys", "tail_values")}
+    torch.testing.assert_close(ragged_decode(**dict(x, **odd)), expected, atol=2e-5, rtol=2e-5)

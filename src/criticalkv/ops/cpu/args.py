@@ -21,6 +21,7 @@ class DecodeArgs(ctypes.Structure):
         *((name, _P) for name in ("p_k", "p_v", "p_vs", "p_vz", "p_ks", "p_kz")),
         *((name, _P) for name in ("table", "lengths", "entry_starts")),
         ("t", _I),
+        ("tail_stride", _I),
         ("tail_k", _P),
         ("tail_v", _P),
         ("mask", _P),

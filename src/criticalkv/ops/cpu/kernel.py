@@ -170,7 +170,10 @@ def _call(
     tail_keys, tail_values, tail_mask = tail
     if tail_keys is not None and tail_values is not None and int(tail_keys.shape[1]):
         args.t = int(tail_keys.shape[1])
-        _set(args, ("tail_k", "tail_v", "mask"), (tail_keys, tail_values, tail_mask), keep)
+        tail_keys, tail_values = _rows_in_place(tail_keys, tail_values)
+        args.tail_stride, args.tail_k, args.tail_v = tail_keys.stride(0), tail_keys.data_ptr(), tail_values.data_ptr()
+        keep += [tail_keys, tail_values]
+        _set(args, ("mask",), (tail_mask,), keep)
     status = library.ckv_ragged_decode(ctypes.byref(args))
     if status == -2:
         raise RuntimeError("the C decode kernel was built for another argument layout: delete it to rebuild it")
@@ -179,6 +182,16 @@ def _call(
     if status != 0:
         raise MemoryError("the C decode kernel could not allocate its workspace")
     return out
+
+
+def _rows_in_place(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tail as the kernel reads it: each sequence's (T, d) entries contiguous, the sequences one
+    stride apart (a slice of a larger buffer as it is), both tensors with the same stride."""
+    t, d = int(keys.shape[1]), int(keys.shape[2])
+    rows_dense = keys.stride(2) == 1 and (t == 1 or keys.stride(1) == d)
+    if rows_dense and values.stride() == keys.stride():
+        return keys, values
+    return keys.contiguous(), values.contiguous()
 
 
 def _set(args: DecodeArgs, names: tuple[str, ...], tensors: tuple[torch.Tensor | None, ...], keep: list) -> None:

@@ -133,7 +133,7 @@ static void block_values(const Work *w, const uint8_t *vc, const uint16_t *vs, c
  * query (S, Q, d) float32 and out (S, Q, d) float32. Pool: keys/values (P, d) float32 (bits 32) or
  * codes (P, width) uint8; value scale/zero (P, vgroups) float16 bits; key scale/zero (P / block_size,
  * d). Block table (S, M) int32, lengths (S,) int32, entry_starts (NB,) int32 or NULL. Tail: t float32
- * entries of d per sequence, sequence s at tail_k + s * t * d; mask (S, Q, t) uint8 (1: attend) or
+ * entries of d per sequence, sequence s's at tail_k + s * tail_stride (a slice of a larger buffer is read in place); mask (S, Q, t) uint8 (1: attend) or
  * NULL: attend to all. P: pool rows; NB: pool blocks (rows of the key statistics). threads: work
  * items are shared among this many OpenMP threads. Every block the lengths reach is checked to lie
  * inside the pool before anything is read (-3 otherwise).
@@ -146,7 +146,7 @@ typedef struct {
     const uint8_t *p_k, *p_v;
     const uint16_t *p_vs, *p_vz, *p_ks, *p_kz;
     const int32_t *table, *lengths, *entry_starts;
-    int64_t t;
+    int64_t t, tail_stride;
     const float *tail_k, *tail_v;
     const uint8_t *mask;
     float *out;
@@ -268,7 +268,7 @@ static int64_t item_scores(const CkvDecodeArgs *a, Space *sp, const Item *it, in
     *lp = col;
     if (!it->with_tail) return col;
     for (int64_t e = 0; e < a->t; e++) {
-        const float *k = a->tail_k + (s * a->t + e) * d;
+        const float *k = a->tail_k + s * a->tail_stride + e * d;
         for (int64_t i = 0; i < Q; i++) sp->scores[i * stride + col + e] = dot(sp->qv + i * d, k, d);
     }
     return col + a->t;
@@ -313,7 +313,7 @@ static void item_values(const CkvDecodeArgs *a, Space *sp, const Item *it, int64
         if (it->with_tail) {
             for (int64_t e = 0; e < a->t; e++) {
                 float p = sp->scores[i * stride + col + e];
-                const float *v = a->tail_v + (s * a->t + e) * d;
+                const float *v = a->tail_v + s * a->tail_stride + e * d;
                 for (int64_t c = 0; c < d; c++) acc[c] += p * v[c];
             }
         }
