@@ -182,7 +182,7 @@ class QuantizedStorage(Storage):
         empty = query.new_zeros(0, width, dtype=torch.uint8)
         stats = [getattr(pool, name) if pool is not None else None for name in ("key_scale", "key_zero")]
         stats += [getattr(pool, name) if pool is not None else None for name in ("value_scale", "value_zero")]
-        tail_k, tail_v = self._sorted_tail(geometry.dtype)
+        tail_k, tail_v = self._sorted_tail(geometry.dtype, views=True)
         out = ragged_decode(
             query,
             empty if pool is None else pool.key_codes,
@@ -201,8 +201,9 @@ class QuantizedStorage(Storage):
         )
         return out if prefix.identity else out.index_select(0, prefix.inv_perm)
 
-    def _sorted_tail(self, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The quantized tail blocks dequantized, then the exact residual, in sorted segment order."""
+    def _sorted_tail(self, dtype: torch.dtype, views: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The quantized tail blocks dequantized, then the exact residual, in sorted segment order
+        (new tensors; with ``views``, the residual's own slices when it is all there is)."""
         parts_k, parts_v = [], []
         if self.tail_blocks is not None and self.tail_used:
             k, v = self.tail_blocks.dequantize(0, self.tail_used, dtype)
@@ -213,6 +214,8 @@ class QuantizedStorage(Storage):
             parts_v.append(self.residual_values[:, : self.residual_len])
         if not parts_k:
             return None, None
+        if views and len(parts_k) == 1 and self.tail_used == 0:  # the residual alone, read in place by the op
+            return parts_k[0], parts_v[0]
         return torch.cat(parts_k, dim=1), torch.cat(parts_v, dim=1)
 
     # --- copies ----------------------------------------------------------------------------------
