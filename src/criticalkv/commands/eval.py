@@ -44,7 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(e.g. critical-snapkv:eps=0); a spec is recorded under its canonical name",
     )
     p.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2, 0.4])
-    p.add_argument("--samples", type=int, default=10, help="samples per (task, length)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="samples per (task, length) (default: 10 for RULER and LongBench; every line of a --dataset file)",
+    )
     p.add_argument("--mode", choices=MODES, default="question-aware")
     p.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on the task's tokens to generate")
