@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         **spec.options(),
         **extra,
     )
-    record = _record(result, args.model, load_s)
+    record = json_record(result, args.model, load_s)
     if args.json:
         print(json.dumps(record))
     else:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(result: GenerationResult, model: str, load_s: float) -> dict[str, Any]:
+def json_record(result: GenerationResult, model: str, load_s: float) -> dict[str, Any]:
     """The ``--json`` line: the answer, the configuration, the memory and the times."""
     return {
         "answer": result.answers[0],
@@ -110,7 +110,9 @@ def _record(result: GenerationResult, model: str, load_s: float) -> dict[str, An
         "decode_budget": result.decode_budget,
         "decode_interval": result.decode_interval,
         "kv_bits": result.kv_bits,
+        "storage_bits": result.storage_bits,
         "kv_bits_per_element": result.kv_bits_per_element,
+        "kv_bits_per_element_final": result.kv_bits_per_element_final,
         "ttft_s": result.ttft_s,
         "total_s": result.total_s,
         "load_s": load_s,

@@ -59,9 +59,15 @@ class GenerationResult:
     kv_bytes_final: int = 0
     decode_budget: int | None = None
     decode_interval: int | None = None
-    #: the storage precision (16: the model's dtype) and the bits per stored key/value element
+    #: the storage precision as asked (16: the model's dtype, unquantized, or the quantized bit width)
     kv_bits: int = 16
+    #: the bits of one stored key/value element: the quantized bit width, else the model dtype's (32 for float32)
+    storage_bits: int = 16
+    #: bits per key/value element the cache held when the first token was produced (what ``kv_bytes``
+    #: counts: the prompt's kept entries; scales, zero points, full-precision residual and spare capacity included)
     kv_bits_per_element: float | None = None
+    #: the same at the end (``kv_bytes_final``: generated tokens and the tail's spare capacity included)
+    kv_bits_per_element_final: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +82,7 @@ class _FirstTokenClock:
         self.first_at: float | None = None
         self.kv_bytes_at_first = 0
         self.kv_bytes_full_at_first = 0
+        self.bits_at_first: float | None = None
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
@@ -83,6 +90,7 @@ class _FirstTokenClock:
             self.first_at = time.perf_counter()
             self.kv_bytes_at_first = self.cache.kv_bytes()
             self.kv_bytes_full_at_first = self.cache.kv_bytes_full()
+            self.bits_at_first = bits_per_element(self.cache)
 
     def end(self) -> None:
         pass
@@ -176,7 +184,9 @@ def generate(
         kv_bytes_peak=cache.kv_bytes_peak(),
         kv_bytes_final=cache.kv_bytes(),
         **_spec_fields(spec),
-        kv_bits_per_element=bits_per_element(cache),
+        storage_bits=spec.kv_bits if spec.storage is not None else torch.finfo(model.dtype).bits,
+        kv_bits_per_element=clock.bits_at_first if clock.first_at is not None else bits_per_element(cache),
+        kv_bits_per_element_final=bits_per_element(cache),
     )
 
 
