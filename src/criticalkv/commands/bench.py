@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
 from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
+from criticalkv.defaults import DEFAULT_INTERVAL
 
 NAME = "bench"
 #: how the library's messages name this command's options

@@ -16,11 +16,11 @@ HELP = "needle-retrieval comparison of methods: table and PNG plot"
 def add_arguments(demo: argparse.ArgumentParser) -> None:
     add_model_arguments(demo)
     demo.add_argument("--methods", type=methods_arg, default=None, help="comma-separated (default: the five core ones)")
-    demo.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2])
-    demo.add_argument("--samples", type=int, default=8)
+    demo.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2], help="kept fractions or token counts")
+    demo.add_argument("--samples", type=int, default=8, help="needle samples per method and budget")
     demo.add_argument("--length", type=int, default=2048, help="context length in tokens")
     demo.add_argument("--window", type=int, default=16, help="observation window (default 16: the question)")
-    demo.add_argument("--out", type=Path, default=Path("demo-out"))
+    demo.add_argument("--out", type=Path, default=Path("demo-out"), help="folder: demo.png, summary.json, rows.jsonl")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
 from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
 from criticalkv.compat import cache_argument
+from criticalkv.defaults import DEFAULT_WINDOWS as DEFAULT_WINDOWS
+from criticalkv.defaults import MODES as MODES
 from criticalkv.methods import HeadScoresArg, Method
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime.attach import attach
@@ -27,9 +29,6 @@ from criticalkv.runtime.reconstruction import repeat_prompt
 logger = logging.getLogger(__name__)
 
 Mode = Literal["question-aware", "question-agnostic"]
-MODES: tuple[str, ...] = ("question-aware", "question-agnostic")
-#: default observation windows: the AdaKV repo (question-aware) and kvpress (question-agnostic)
-DEFAULT_WINDOWS: dict[str, int] = {"question-aware": 32, "question-agnostic": 64}
 
 
 def check_mode(mode: str) -> str:
