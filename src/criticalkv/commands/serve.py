@@ -92,14 +92,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(error.message) from error
     if args.ray:
         return _run_on_ray(args, config)
-    import uvicorn
-
     from criticalkv.models import load_model
+    from criticalkv.serve.listen import serve_app
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     engine = Engine(model, tokenizer, config)  # refuses a group size that does not divide the head dimension
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
-    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+    serve_app(build_app(engine), args.host, args.port)  # prints "listening on http://HOST:PORT" once bound
     return 0
 
 
