@@ -48,13 +48,20 @@ def _index(method: str) -> int:
 
 
 def method_style(method: str) -> dict[str, Any]:
-    """``color``, ``marker`` and ``linestyle`` of ``method`` in every figure: the same colour
-    everywhere, and markers and line styles that differ between methods so that coinciding lines
-    stay visible (a method name with options or a suffix, ``snapkv+q4``, takes its base's colour)."""
+    """``color``, ``marker``, ``linestyle``, ``markersize`` and ``markerfacecolor`` (hollow) of
+    ``method`` in every figure: the same colour everywhere, and markers, sizes and line styles that
+    differ between methods so that coinciding lines stay visible (a method name with options or a
+    suffix, ``snapkv+q4``, takes its base's colour)."""
     base = method.split(":")[0].split("+")[0]
     i = _index(base)
     colour = PALETTE.get(base, _SPARE[i % len(_SPARE)])
-    return {"color": colour, "marker": _MARKERS[i % len(_MARKERS)], "linestyle": _LINES[i % len(_LINES)]}
+    return {
+        "color": colour,
+        "marker": _MARKERS[i % len(_MARKERS)],
+        "linestyle": _LINES[i % len(_LINES)],
+        "markersize": 11 - 1.5 * (i % 5),  # hollow markers of different sizes nest where points coincide
+        "markerfacecolor": "none",
+    }
 
 
 class MissingMatplotlib(ImportError, ValueError):

@@ -205,7 +205,7 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for m in methods:
             pts = sorted((float(r["budget"]), r[key]) for r in avg if r["method"] == m)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, markerfacecolor="none", **method_style(m))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, **method_style(m))
         if full is not None and key == "score":
             ax.axhline(full["score"], color="black", linestyle=":", label="full cache")
         ax.set_xlabel("KV budget (fraction of the compressed prompt)")
