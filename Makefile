@@ -6,6 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.criticalkv-installed
+DEMO_STAMP := $(VENV)/.criticalkv-demo-installed
 
 .PHONY: install test lint demo clean reproduce test-kvpress gpu-check
 
@@ -47,8 +48,18 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q
 
-# the demo's plot needs matplotlib: the [dev] extra that $(STAMP) installs holds [plots]'s
-demo: $(STAMP)
+# `make demo` installs only what the demo needs (the core and the [demo] extra: matplotlib), not the
+# [dev] extra's test tools, Ray and servers; pip shows what it downloads and installs as it goes
+$(DEMO_STAMP): pyproject.toml
+	@echo "make demo: setting up $(VENV) (torch, transformers and matplotlib; a few minutes the first time)"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	@echo "make demo: running criticalkv demo (the default model is fetched and converted on first use)"
 	$(VENV)/bin/criticalkv demo --out demo-out
 
 # `make gpu-check` (benchmarks/gpu_check.py): on a CUDA GPU, in at most ~8 minutes and offline, the --device cuda

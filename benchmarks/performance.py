@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from criticalkv.bench import BenchConfig, run_bench
+from criticalkv.bench.figure import plot
 from criticalkv.bench.kvpress_impl import import_kvpress
-from criticalkv.bench.report import format_table, plot
+from criticalkv.bench.report import format_table
 from criticalkv.bench.runner import load_records
 from criticalkv.methods import available_methods
 from criticalkv.models import load_model

@@ -13,7 +13,7 @@ from criticalkv.commands import eval as eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
 from criticalkv.commands.cache_options import FLAGS
-from criticalkv.commands.common import UsageError
+from criticalkv.commands.common import DefaultsHelpFormatter, UsageError
 from criticalkv.commands.version import library_version
 from criticalkv.options import OptionError
 
@@ -35,12 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="criticalkv",
         description="KV-cache compression by output perturbation (CriticalKV) with a physically smaller cache.",
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR")
     parser.add_argument("--version", action="version", version=f"criticalkv {library_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
-        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
+        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP, formatter_class=DefaultsHelpFormatter))
     return parser
 
 

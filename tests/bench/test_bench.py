@@ -9,9 +9,10 @@ import pytest
 from transformers import PreTrainedModel
 
 from criticalkv.bench import BenchConfig, run_bench
+from criticalkv.bench.figure import plot
 from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
 from criticalkv.bench.prompt import bench_prompts
-from criticalkv.bench.report import derived, format_table, plot
+from criticalkv.bench.report import CRITICAL_EXTRA, caveats, derived, format_table
 from criticalkv.bench.runner import load_records
 from criticalkv.cli import main
 from tests.conftest import make_tiny
@@ -97,8 +98,21 @@ def test_report_ratios_table_and_plot(tiny_llama: PreTrainedModel, tmp_path: Pat
     assert rows["adakv"]["critical_overhead"] is None
     table = format_table(records)
     assert "critical-adakv" in table and "vs full" in table
-    png = plot(records, tmp_path / "bench.png", "tiny")
+    assert "crit +%" in table and f"definition: {CRITICAL_EXTRA}" in table  # the column says what it is
+    png = plot(records, tmp_path / "bench.png", "tiny")  # one context length: bars, not a column of dots
     assert png.stat().st_size > 1000
+    two = [r.to_dict() for r in run_bench(_config(batch_sizes=[1], methods=["snapkv"]), tiny_llama, char_tokenizer())]
+    assert plot(two, tmp_path / "two.png", "tiny", caveats(1)).stat().st_size > 1000
+
+
+def test_bench_warns_on_one_repeat_or_a_loaded_machine() -> None:
+    """Issue 29, point 6: single-run ratios and a busy machine are said beside the figures."""
+    assert caveats(3, load=0.5, cores=2) == []
+    one = caveats(1, load=0.5, cores=2)
+    assert len(one) == 1 and "--repeats 1" in one[0]
+    busy = caveats(5, load=3.5, cores=2)
+    assert len(busy) == 1 and "load average (3.50 over 1 min) is above the 2 cores" in busy[0]
+    assert len(caveats(1, load=9.0, cores=2)) == 2
 
 
 def test_prompts_are_distinct_rows_without_padding() -> None:
@@ -157,7 +171,7 @@ class _no_exit:
 
 @pytest.mark.skipif(import_kvpress() is not None, reason="kvpress is installed here")
 def test_kvpress_required_but_missing_is_an_actionable_error(tiny_llama: PreTrainedModel) -> None:
-    with pytest.raises(ValueError, match=r"criticalkv\[bench\]"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[bench\]'"):
         run_bench(_config(kvpress="on"), tiny_llama, char_tokenizer())
 
 

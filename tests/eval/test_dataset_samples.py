@@ -63,3 +63,18 @@ def test_dataset_sweep_runs_samples_per_task(tmp_path: Path) -> None:
     per_task = {t: sorted({r["index"] for r in records if r["task"] == t}) for t in "abc"}
     assert per_task == {"a": [1, 2], "b": [4, 5], "c": [7, 8]}
     assert len(records) == 3 * 2 * 2
+
+
+def test_a_dataset_file_is_evaluated_whole_unless_samples_says_otherwise(tmp_path: Path) -> None:
+    """Issue 29, point 9: a 60-line file of 20 lines per task runs all 60 lines by default."""
+    from criticalkv.cli import build_parser
+
+    data = _write(tmp_path / "d.jsonl", {"a": 20, "b": 20, "c": 20})
+    chosen, usage = first_per_task(load_dataset_file(data), None)
+    assert len(chosen) == 60 and usage == {"a": (20, 20), "b": (20, 20), "c": (20, 20)}
+    args = build_parser().parse_args(["eval", "--dataset", str(data), "--out", str(tmp_path / "run")])
+    assert args.samples is None
+    whole = SweepConfig(out=tmp_path / "run", benchmark="dataset", dataset=str(data), tasks=[], samples=args.samples)
+    assert whole.draw.samples is None
+    assert SweepConfig(out=tmp_path / "r", samples=None).draw.samples == 10  # RULER's default
+    assert SweepConfig(out=tmp_path / "r", benchmark="dataset", dataset=str(data), samples=4).draw.samples == 4

@@ -133,7 +133,7 @@ def test_without_ray_the_flag_fails_with_the_install_command(
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     out = tmp_path / "run"
     assert main(["eval", "--model", str(folder), "--tasks", "niah_single_1", "--out", str(out), "--ray"]) == 2
-    assert "pip install 'criticalkv[ray]'" in capsys.readouterr().err
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
     assert not out.exists()
 
 

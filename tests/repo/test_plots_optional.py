@@ -13,7 +13,10 @@ import pytest
 from criticalkv.cli import main
 from criticalkv.eval.plotting import MissingMatplotlib, pyplot
 
-SENTENCE = "criticalkv: error: the plots need matplotlib, which is not installed: pip install 'criticalkv[plots]'\n"
+SENTENCE = (
+    "criticalkv: error: the plots need matplotlib, which is not installed: "
+    "pip install -e '.[plots]' (in a clone; or: pip install 'matplotlib>=3.7')\n"
+)
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def _sweep_folder(folder: Path) -> Path:
 
 @pytest.mark.usefixtures("no_matplotlib")
 def test_pyplot_without_matplotlib_says_how_to_install_it() -> None:
-    with pytest.raises(MissingMatplotlib, match=r"pip install 'criticalkv\[plots\]'"):
+    with pytest.raises(MissingMatplotlib, match=r"pip install -e '\.\[plots\]'"):
         pyplot()
 
 

@@ -49,7 +49,7 @@ def import_kvpress() -> Any:
     try:
         import kvpress
     except Exception as err:  # ImportError, or a transformers version kvpress does not support
-        logger.info("kvpress is not available (%s); pip install 'criticalkv[bench]' to compare with it", err)
+        logger.info("kvpress is not available (%s); pip install -e '.[bench]' to compare with it", err)
         return None
     return kvpress
 

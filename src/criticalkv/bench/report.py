@@ -1,15 +1,21 @@
-"""Tables and plots of benchmark records: ratios against the full cache and overhead over the base method."""
+"""Tables of benchmark records: ratios against the full cache, the Critical selection's extra time, caveats."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.plan import kvpress_counterpart
-from criticalkv.eval.plotting import pyplot
 
 MB = 1e6
+#: what the table's ``crit +%`` column is (the record field ``critical_overhead``)
+CRITICAL_EXTRA = (
+    "crit +%: the Critical selection's extra time over its base method, as a share of the prefill: "
+    "(compress s - the base's compress s) / prefill s"
+)
+#: what the figure's right panel shows
+COMPRESS_SHARE = "compression share: compress s / prefill s (the whole selection, any method)"
 #: the uniform layout that ``decode_vs_uniform`` compares every other method with, at equal bytes
 UNIFORM = "snapkv"
 
@@ -120,7 +126,7 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
     to the full cache's; ``kvpress`` the press beside the row."""
     header = (
         f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
-        f"{'overhead':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
+        f"{'crit +%':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
         f"{'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} "
         f"{'match':>5} {'peak MB':>8}  kvpress"
     )
@@ -140,53 +146,25 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
             f"{r['kvpress_pair']}"
         )
     lines += [f"note: {note}" for note in notes]
+    lines += [f"definition: {CRITICAL_EXTRA}", f"definition: {COMPRESS_SHARE}"]
     return "\n".join(lines)
 
 
-def plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Decode ms/token vs context length per (impl, method) at batch 1 and the first budget, and
-    bars of compression time as a share of the prefill."""
-    plt = pyplot()
-
-    rows = [r for r in derived(records) if r["batch_size"] == min(x["batch_size"] for x in records)]
-    budgets = sorted({r["budget"] for r in rows if r["method"] != "full"})
-    shown = 0.2 if 0.2 in budgets else (budgets[0] if budgets else 1.0)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["method"] == "full" or r["budget"] == shown:
-            series.setdefault((r["impl"], method_label(r)), []).append((r["context_tokens"], r["decode_ms_per_token"]))
-    for (impl, method), points in sorted(series.items()):
-        points.sort()
-        style = "--" if impl == "kvpress" else "-"
-        label = method if impl == "criticalkv" else f"{method} (kvpress)"
-        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
-    left.set_xlabel("context tokens")
-    left.set_ylabel("decode ms / token")
-    left.set_title(f"decode latency (budget {shown:g}; full = no eviction)")
-    left.legend(fontsize=7)
-    left.grid(alpha=0.3)
-    bars = [r for r in rows if r["method"] != "full" and r["budget"] == shown]
-    lengths = sorted({r["context_tokens"] for r in bars})
-    names = sorted({(r["impl"], method_label(r)) for r in bars})
-    width = 0.8 / max(len(names), 1)
-    for i, (impl, method) in enumerate(names):
-        values = []
-        for n in lengths:
-            match = [r for r in bars if (r["impl"], method_label(r), r["context_tokens"]) == (impl, method, n)]
-            values.append(100 * match[0]["compress_s"] / match[0]["prefill_s"] if match else 0.0)
-        xs = [j + i * width for j in range(len(lengths))]
-        label = method if impl == "criticalkv" else f"{method} (kvpress)"
-        right.bar(xs, values, width, label=label, hatch="//" if impl == "kvpress" else None)
-    right.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [str(n) for n in lengths])
-    right.set_xlabel("context tokens")
-    right.set_ylabel("compression time, % of prefill")
-    right.set_title("selection overhead")
-    right.legend(fontsize=7)
-    right.grid(alpha=0.3, axis="y")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def caveats(repeats: int, load: float | None = None, cores: int | None = None) -> list[str]:
+    """Warnings a bench prints beside its figures: one repeat (a single measurement per run), or a
+    1-minute load average (``os.getloadavg`` where ``None``) above the core count (``os.cpu_count``)."""
+    out = []
+    if repeats <= 1:
+        out.append(
+            "warning: --repeats 1: every time is one measurement, so the ratios (vs full, crit +%) can move by "
+            "tens of percent between runs; use --repeats 3 or more (the fastest is kept) before quoting them"
+        )
+    if load is None and hasattr(os, "getloadavg"):
+        load = os.getloadavg()[0]
+    cores = os.cpu_count() if cores is None else cores
+    if load is not None and cores and load > cores:
+        out.append(
+            f"warning: the load average ({load:.2f} over 1 min) is above the {cores} cores: other processes "
+            "share the CPU, so the times are inflated and noisy"
+        )
+    return out

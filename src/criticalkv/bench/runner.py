@@ -132,7 +132,7 @@ def _run_bench(
         kvpress = import_kvpress()
         if kvpress is None and config.kvpress == "on":
             raise ValueError(
-                "kvpress is not importable here; install it with: pip install 'criticalkv[bench]' "
+                "kvpress is not importable here; install it with: pip install -e '.[bench]' "
                 "(kvpress 0.5.5 needs transformers < 5.3)"
             )
         if kvpress is not None and kvpress_model is None:

@@ -17,20 +17,9 @@ from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
+from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.options import OptionTypeError
-
-#: the keyword arguments :meth:`CacheSpec.of` takes, as the library's messages name them
-SPEC_OPTIONS: tuple[str, ...] = (
-    "method",
-    "budget",
-    "window",
-    "decode_budget",
-    "decode_interval",
-    "kv_bits",
-    "kv_group_size",
-    "kv_residual",
-)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
 from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
+from criticalkv.defaults import DEFAULT_INTERVAL
 
 NAME = "bench"
 #: how the library's messages name this command's options
@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=ints_arg, default=[1], help="rows decoded together, e.g. 1,4")
     p.add_argument("--decode-tokens", type=int, default=32, help="timed decoding steps per run")
     p.add_argument("--window", type=int, default=32, help="observation window")
-    p.add_argument("--repeats", type=int, default=1, help="measure each run N times and keep the fastest")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="measure each run N times and keep the fastest (1: bench warns)"
+    )
     p.add_argument(
         "--kvpress",
         choices=["auto", "on", "off"],
@@ -55,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from criticalkv.bench.figure import plot
     from criticalkv.bench.kvpress_impl import import_kvpress
-    from criticalkv.bench.report import format_table, plot
+    from criticalkv.bench.report import caveats, format_table
     from criticalkv.bench.runner import load_records, run_bench
     from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
@@ -72,18 +75,21 @@ def run(args: argparse.Namespace) -> int:
     if compare and import_kvpress() is not None:
         kvpress_model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
     elif compare and config.kvpress == "auto":
-        print("kvpress is not importable: measuring criticalkv only (pip install 'criticalkv[bench]')", file=sys.stderr)
+        print("kvpress is not importable: measuring criticalkv only (pip install -e '.[bench]')", file=sys.stderr)
     notes: list[str] = []
     measured = run_bench(config, model, tokenizer, kvpress_model=kvpress_model, out=args.out, notes=notes)
     records = [r.to_dict() for r in measured]
     if args.out is not None:
         records = load_records(args.out / "records.jsonl")  # this run's and any resumed ones
         (args.out / "results.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-    table = format_table(records, notes)
+    warnings = caveats(config.repeats)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    table = format_table(records, [*notes, *warnings])
     title = f"criticalkv bench: {args.model} model, {records[0]['device'] if records else '-'}"
     if args.out is not None:
         (args.out / "table.txt").write_text(title + "\n" + table + "\n", encoding="utf-8")
-        png = plot(records, args.out / "bench.png", title)
+        png = plot(records, args.out / "bench.png", title, warnings)
     if args.json:
         print(json.dumps(records))
         print(table, file=sys.stderr)

@@ -11,13 +11,14 @@ names options through its template, so a command's message names its flags
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from criticalkv.cache.decode import DEFAULT_INTERVAL
-from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, DEFAULT_RESIDUAL
-from criticalkv.cache.spec import SPEC_OPTIONS, CacheSpec
 from criticalkv.commands.common import UsageError
+from criticalkv.defaults import DEFAULT_GROUP_SIZES, DEFAULT_INTERVAL, DEFAULT_RESIDUAL, SPEC_OPTIONS
 from criticalkv.options import OptionError, flag_spelling
+
+if TYPE_CHECKING:
+    from criticalkv.cache import CacheSpec
 
 #: the flags that spell the cache's options (``kv_residual`` -> ``--kv-residual``)
 FLAGS: dict[str, str] = flag_spelling(*SPEC_OPTIONS)
@@ -85,6 +86,8 @@ def cache_options(args: argparse.Namespace) -> dict[str, Any]:
 def spec_from_args(args: argparse.Namespace, method: Any, budget: Any, window: int, *, config: Any = None) -> CacheSpec:
     """The checked spec of ``method`` at ``budget`` and ``window`` with the cache flags of ``args``
     (``config``: the model's, to check the group size); errors name the flags."""
+    from criticalkv.cache import CacheSpec
+
     given = cache_options(args)
     interval = given.get("decode_interval")
     try:

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from criticalkv.budgets.resolve import Budget, parse_budget
-from criticalkv.methods import get_method
+if TYPE_CHECKING:
+    from criticalkv.budgets.resolve import Budget
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default: ``(default: X)`` after any help that does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if not action.option_strings or default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        shown = ",".join(str(x) for x in default) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class UsageError(Exception):
@@ -13,6 +26,8 @@ class UsageError(Exception):
 
 
 def budget_arg(text: str) -> Budget:
+    from criticalkv.budgets.resolve import parse_budget  # here, not at import: --help never loads torch
+
     try:
         return parse_budget(text)
     except (TypeError, ValueError) as err:
@@ -24,6 +39,8 @@ def budgets_arg(text: str) -> list[Budget]:
 
 
 def method_arg(name: str) -> str:
+    from criticalkv.methods import get_method  # here, not at import: --help never loads torch
+
     try:
         return get_method(name).name
     except ValueError as err:

@@ -10,8 +10,7 @@ from criticalkv.commands import scale
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
-from criticalkv.runtime import MODES
-from criticalkv.scores.value_norms import NORM_PRECISIONS
+from criticalkv.defaults import MODES, NORM_PRECISIONS
 
 NAME = "eval"
 HELP = "run a resumable sweep of methods x budgets on RULER, LongBench or a JSONL dataset"
@@ -21,15 +20,7 @@ SPELLING = {**FLAGS, "method": "--methods", "budget": "--budgets"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--benchmark", choices=["ruler", "longbench"], default="ruler")
-    p.add_argument(
-        "--tasks",
-        default="all",
-        help="comma-separated RULER tasks or 'all' (13); LongBench datasets or 'all' (21), 'en' (16), 'zh' (5)",
-    )
-    p.add_argument("--dataset", default=None, help="a JSONL file of {context, question, answers, metric?} lines")
-    p.add_argument("--data-dir", default=None, help="LongBench: folder of its JSONL files (data.zip unpacked)")
-    p.add_argument("--longbench-e", action="store_true", help="LongBench-E (13 datasets, length buckets)")
+    _add_data_arguments(p)
     p.add_argument(
         "--lengths",
         type=ints_arg,
@@ -43,14 +34,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated methods, each NAME or NAME:KEY=VALUE[:KEY=VALUE...] with options of its parts "
         "(e.g. critical-snapkv:eps=0); a spec is recorded under its canonical name",
     )
-    p.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2, 0.4])
-    p.add_argument("--samples", type=int, default=10, help="samples per (task, length)")
-    p.add_argument("--mode", choices=MODES, default="question-aware")
+    p.add_argument("--budgets", type=budgets_arg, default=[0.1, 0.2, 0.4], help="kept fractions or token counts")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="samples per (task, length) (default: 10 for RULER and LongBench; every line of a --dataset file)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="question-aware",
+        help="compress the question with the context, or append it after",
+    )
     p.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on the task's tokens to generate")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated RULER samples")
     p.add_argument("--qa-source", default=None, help="SQuAD/HotpotQA data for qa_1/qa_2 (default: offline synthetic)")
-    p.add_argument("--no-chat", action="store_true")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     p.add_argument(
         "--norm-precision",
         choices=NORM_PRECISIONS,
@@ -68,6 +69,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="if another process is writing to --out, wait this long for it before refusing (default 10; -1: forever)",
     )
     scale.add_arguments(p)  # --device-map, --ray ...
+
+
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the samples come from: a benchmark and its tasks, or your own file."""
+    p.add_argument(
+        "--benchmark", choices=["ruler", "longbench"], default="ruler", help="the benchmark (--dataset: your own file)"
+    )
+    p.add_argument(
+        "--tasks",
+        default="all",
+        help="comma-separated RULER tasks or 'all' (13); LongBench datasets or 'all' (21), 'en' (16), 'zh' (5)",
+    )
+    p.add_argument("--dataset", default=None, help="a JSONL file of {context, question, answers, metric?} lines")
+    p.add_argument("--data-dir", default=None, help="LongBench: folder of its JSONL files (data.zip unpacked)")
+    p.add_argument("--longbench-e", action="store_true", help="LongBench-E (13 datasets, length buckets)")
 
 
 def run(args: argparse.Namespace) -> int:

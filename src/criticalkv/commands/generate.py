@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from criticalkv.commands.cache_options import add_cache_arguments, spec_from_args
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
-from criticalkv.runtime import MODES
+from criticalkv.defaults import DEFAULT_WINDOWS, MODES
 
 if TYPE_CHECKING:
     from criticalkv.runtime import GenerationResult
@@ -23,13 +23,20 @@ HELP = "answer a question about a context with a compressed cache"
 
 def add_arguments(gen: argparse.ArgumentParser) -> None:
     add_model_arguments(gen)
-    gen.add_argument("--method", type=method_arg, default="critical-adakv")
+    gen.add_argument(
+        "--method", type=method_arg, default="critical-adakv", help="the compression method (criticalkv methods)"
+    )
     gen.add_argument("--budget", type=budget_arg, default=0.2, help="fraction of the prompt (0.2) or tokens (512)")
     gen.add_argument("--context-file", type=Path, required=True, help="UTF-8 text file with the context")
-    gen.add_argument("--question", required=True)
-    gen.add_argument("--mode", choices=MODES, default="question-aware")
+    gen.add_argument("--question", required=True, help="the question to answer about the context")
+    gen.add_argument(
+        "--mode",
+        choices=MODES,
+        default="question-aware",
+        help="compress the question with the context, or append it after",
+    )
     gen.add_argument("--window", type=int, default=None, help="observation window (default 32 aware, 64 agnostic)")
-    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="the most tokens to generate")
     gen.add_argument("--min-new-tokens", type=int, default=None, help="at least M new tokens (EOS ignored before)")
     add_cache_arguments(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
@@ -51,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.min_new_tokens <= args.max_new_tokens:
             raise UsageError("--min-new-tokens must be between 0 and --max-new-tokens")
         extra["min_new_tokens"] = args.min_new_tokens
-    from criticalkv.runtime import DEFAULT_WINDOWS
 
     window = DEFAULT_WINDOWS[args.mode] if args.window is None else args.window
     spec = spec_from_args(args, args.method, args.budget, window)  # every cache option, before the model loads
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         **spec.options(),
         **extra,
     )
-    record = _record(result, args.model, load_s)
+    record = json_record(result, args.model, load_s)
     if args.json:
         print(json.dumps(record))
     else:
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(result: GenerationResult, model: str, load_s: float) -> dict[str, Any]:
+def json_record(result: GenerationResult, model: str, load_s: float) -> dict[str, Any]:
     """The ``--json`` line: the answer, the configuration, the memory and the times."""
     return {
         "answer": result.answers[0],
@@ -110,7 +116,9 @@ def _record(result: GenerationResult, model: str, load_s: float) -> dict[str, An
         "decode_budget": result.decode_budget,
         "decode_interval": result.decode_interval,
         "kv_bits": result.kv_bits,
+        "storage_bits": result.storage_bits,
         "kv_bits_per_element": result.kv_bits_per_element,
+        "kv_bits_per_element_final": result.kv_bits_per_element_final,
         "ttft_s": result.ttft_s,
         "total_s": result.total_s,
         "load_s": load_s,

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="JSON file to write (it is also cached for the model)")
     p.add_argument("--lengths", type=_lengths, default=(1024, 2048), help="context lengths (default 1024,2048)")
     p.add_argument("--depths", type=int, default=10, help="needle depths per length, evenly spaced (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the needle samples")
     p.add_argument(
         "--min-accuracy", type=float, default=1.0, help="share of the answer a sample must get right to count (1.0)"
     )

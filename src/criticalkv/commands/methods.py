@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from criticalkv.methods import available_methods, get_method
-
 NAME = "methods"
 HELP = "list the registered methods"
 
@@ -15,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from criticalkv.methods import available_methods, get_method
+
     width = max(len(name) for name in available_methods())
     for name in available_methods():
         m = get_method(name)

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="'auto': shard the model across the visible GPUs (transformers' device_map); not with --device",
     )
-    group = p.add_argument_group("Ray (pip install 'criticalkv[ray]')")
+    group = p.add_argument_group("Ray (pip install -e '.[ray]')")
     group.add_argument(
         "--ray",
         nargs="?",

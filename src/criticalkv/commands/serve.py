@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=budget_arg, default=0.2, help="the default budget, a fraction of the context")
     p.add_argument("--min-budget", type=float, default=0.01, help="the smallest budget a request may ask for")
     p.add_argument("--window", type=int, default=64, help="the default observation window (tokens)")
-    p.add_argument("--max-window", type=int, default=512)
+    p.add_argument("--max-window", type=int, default=512, help="the largest observation window a request may ask for")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens one answer may ask for")
     p.add_argument("--memory-cap", type=float, default=2048, help="MiB of stored contexts' KV held in memory")
     p.add_argument(
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
     add_cache_arguments(p, decode=False)  # server-wide: every compressed context and answer cache
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on")
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
     p.add_argument("--force", action="store_true", help="listen beyond localhost without an API key")
     ray = p.add_argument_group("Ray Serve (scale out; needs pip install 'ray[serve]' and a shared --store)")
@@ -92,14 +92,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(error.message) from error
     if args.ray:
         return _run_on_ray(args, config)
-    import uvicorn
-
     from criticalkv.models import load_model
+    from criticalkv.serve.listen import serve_app
 
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     engine = Engine(model, tokenizer, config)  # refuses a group size that does not divide the head dimension
     logging.getLogger(__name__).info("serving %s on http://%s:%d", args.model, args.host, args.port)
-    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+    serve_app(build_app(engine), args.host, args.port)  # prints "listening on http://HOST:PORT" once bound
     return 0
 
 

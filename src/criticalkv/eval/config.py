@@ -48,7 +48,8 @@ class SweepConfig:
     lengths: list[int] = field(default_factory=lambda: [1024])
     methods: list[str] = field(default_factory=lambda: ["full", "snapkv", "critical-snapkv", "adakv", "critical-adakv"])
     budgets: list[Budget] = field(default_factory=lambda: [0.1, 0.2, 0.4])
-    samples: int = 10
+    #: per (task, length); ``None``: the benchmark's default (10 for RULER and LongBench, every line of a dataset file)
+    samples: int | None = None
     mode: str = "question-aware"
     model: str = "default"
     window: int | None = None
@@ -106,7 +107,7 @@ class SweepConfig:
     def _check_grid(self) -> None:
         for method in self.methods:
             get_method(method)
-        if self.samples < 1:
+        if self.samples is not None and (isinstance(self.samples, bool) or self.samples < 1):
             raise ValueError("samples must be at least 1")
         if any(n < 128 for n in self.lengths):
             raise ValueError("lengths must be at least 128 tokens")
@@ -163,7 +164,8 @@ class SweepConfig:
     @property
     def draw(self) -> Draw:
         """Which samples the sweep asks of its benchmark."""
-        return Draw(list(self.tasks or []), list(self.lengths), self.samples, self.seed)
+        samples = self.bench.default_samples if self.samples is None else self.samples
+        return Draw(list(self.tasks or []), list(self.lengths), samples, self.seed)
 
     def identity(self) -> dict[str, Any]:
         """What must match to resume: the sweep's settings, then the benchmark's part."""

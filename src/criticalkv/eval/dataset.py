@@ -99,17 +99,20 @@ def read_dataset_file(path: str | Path) -> tuple[list[Sample], list[tuple[int, s
     return samples, problems
 
 
-def first_per_task(samples: list[Sample], per_task: int) -> tuple[list[Sample], dict[str, tuple[int, int]]]:
-    """The first ``per_task`` samples of each task (``--samples`` means per task, as for RULER).
+def first_per_task(samples: list[Sample], per_task: int | None) -> tuple[list[Sample], dict[str, tuple[int, int]]]:
+    """The first ``per_task`` samples of each task (``--samples`` means per task, as for RULER;
+    ``None``: all of them).
 
     Returns them sample-major (the first of every task, then the second, ...), so an interrupted
     sweep has covered every task, and ``{task: (used, available)}`` in the file's task order.
     """
-    if isinstance(per_task, bool) or not isinstance(per_task, int) or per_task < 1:
+    if per_task is not None and (isinstance(per_task, bool) or not isinstance(per_task, int) or per_task < 1):
         raise ValueError(f"samples per task must be a positive integer, not {per_task!r}")
     by_task: dict[str, list[Sample]] = {}
     for sample in samples:
         by_task.setdefault(sample.task, []).append(sample)
+    if per_task is None:
+        per_task = max((len(rows) for rows in by_task.values()), default=0)
     chosen = {task: rows[:per_task] for task, rows in by_task.items()}
     ordered = [rows[i] for i in range(per_task) for rows in chosen.values() if i < len(rows)]
     return ordered, {task: (len(chosen[task]), len(rows)) for task, rows in by_task.items()}

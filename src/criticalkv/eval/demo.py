@@ -17,13 +17,22 @@ from tqdm.auto import tqdm
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
-from criticalkv.eval.plotting import pyplot
+from criticalkv.eval.plotting import method_style, pyplot
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime import check_positions, continue_generation, decode_answers, eos_ids, input_device, prefill
 
 logger = logging.getLogger(__name__)
 
-DEMO_METHODS = ("full", "snapkv", "critical-snapkv", "adakv", "critical-adakv")
+#: full, the paper's bases and their Critical variants, and the authors' follow-up (DefensiveKV, both forms)
+DEMO_METHODS = (
+    "full",
+    "snapkv",
+    "critical-snapkv",
+    "adakv",
+    "critical-adakv",
+    "defensivekv",
+    "layer-defensivekv",
+)
 
 
 @dataclass
@@ -149,28 +158,30 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
 
 
 def plot(table: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Accuracy vs budget per method, and KV memory per configuration, as a PNG."""
+    """Accuracy vs budget per method, and accuracy beside the KV memory each (method, budget) holds,
+    as a PNG; every method in its colour and marker of :func:`~criticalkv.eval.plotting.method_style`."""
     plt = pyplot()
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     full = [r for r in table if r["method"] == "full"]
     for method in dict.fromkeys(r["method"] for r in table if r["method"] != "full"):
-        pts = sorted((float(r["budget"]), r["accuracy"]) for r in table if r["method"] == method)
-        style = "-" if method.startswith("critical") else "--"
-        left.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=method)
+        rows = sorted((r for r in table if r["method"] == method), key=lambda r: float(r["budget"]))
+        style = method_style(method)
+        left.plot([float(r["budget"]) for r in rows], [r["accuracy"] for r in rows], label=method, **style)
+        right.plot([r["kv_mb"] for r in rows], [r["accuracy"] for r in rows], label=method, **style)
     if full:
         left.axhline(full[0]["accuracy"], color="black", linestyle=":", label="full cache")
+        right.plot([full[0]["kv_mb"]], [full[0]["accuracy"]], "*", color="black", markersize=12, label="full cache")
     left.set_xlabel("KV budget (fraction of the prompt)")
     left.set_ylabel("needle accuracy (exact)")
-    left.set_ylim(-0.05, 1.05)
-    left.legend(fontsize=8)
-    left.set_title("accuracy")
-    labels = [f"{r['method']}\n@{r['budget']}" for r in table]
-    right.bar(range(len(table)), [r["kv_mb"] for r in table], color="tab:blue")
-    right.set_xticks(range(len(table)), labels, rotation=60, ha="right", fontsize=7)
-    right.set_ylabel("KV cache held after compression (MB)")
-    right.set_title("memory")
-    fig.suptitle(title)
+    left.set_title("accuracy by budget")
+    right.set_xlabel("KV cache held after compression (MB)")
+    right.set_title("accuracy beside the memory held")
+    for ax in (left, right):
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -16,7 +16,8 @@ def import_ray() -> ModuleType:
         import ray
     except ImportError as error:
         raise RayNotInstalled(
-            "running a sweep on Ray needs the ray package: pip install 'criticalkv[ray]' (or pip install 'ray>=2.9')"
+            "running a sweep on Ray needs the ray package: pip install -e '.[ray]' in a clone "
+            "(or pip install 'ray>=2.9')"
         ) from error
     return ray
 

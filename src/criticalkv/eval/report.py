@@ -7,7 +7,9 @@ two methods only over the samples both have (:mod:`criticalkv.eval.summary`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, describe_difference, paired_differences
-from criticalkv.eval.plotting import pyplot
+from criticalkv.eval.plotting import method_style, pyplot
 from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
 from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
 
@@ -173,8 +175,23 @@ SKIP_REASONS = {
 }
 
 
-def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None) -> list[Path]:
-    """score_vs_budget.png, tasks_at_budget.png, nll_vs_budget.png."""
+def plot_title(out_dir: Path, rows: Sequence[dict[str, Any]]) -> str:
+    """What a sweep's figures show: benchmark, model, context lengths, mode and samples (n) per point."""
+    identity: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        identity = dict(json.loads((Path(out_dir) / "run.json").read_text(encoding="utf-8")).get("identity", {}))
+    lengths = sorted({str(r["length"]) for r in rows if r["length"] != "all"}, key=lambda x: (len(x), x))
+    shown = "own lengths" if lengths == ["0"] else f"{'/'.join(lengths)} tokens"
+    avg = [r for r in rows if r["length"] == "all" and r["task"] == AVERAGE]
+    counts = sorted({int(r["n"]) for r in avg if r.get("n") is not None})
+    n = "-" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    parts = [identity.get("dataset") or identity.get("benchmark"), identity.get("model"), shown, identity.get("mode")]
+    return ", ".join(str(p) for p in parts if p) + f", n = {n} per point"
+
+
+def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None, title: str = "") -> list[Path]:
+    """score_vs_budget.png, tasks_at_budget.png, nll_vs_budget.png (each titled ``title``), every
+    method in its colour, marker and line style of :func:`~criticalkv.eval.plotting.method_style`."""
     plt = pyplot()
 
     avg = [r for r in rows if r["length"] == "all" and r["task"] == AVERAGE]
@@ -188,13 +205,12 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for m in methods:
             pts = sorted((float(r["budget"]), r[key]) for r in avg if r["method"] == m)
-            ax.plot(
-                [p[0] for p in pts], [p[1] for p in pts], "-" if m.startswith("critical") else "--", marker="o", label=m
-            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, **method_style(m))
         if full is not None and key == "score":
             ax.axhline(full["score"], color="black", linestyle=":", label="full cache")
         ax.set_xlabel("KV budget (fraction of the compressed prompt)")
         ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=120)
@@ -217,9 +233,10 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
                     if r["method"] == m and r["task"] == t and (m == "full" or float(r["budget"]) == chosen)
                 ]
                 vals.append(match[0]["score"] if match else 0.0)
-            ax.bar([i + j * width for i in range(len(tasks))], vals, width, label=m)
+            ax.bar([i + j * width for i in range(len(tasks))], vals, width, label=m, color=method_style(m)["color"])
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=45, ha="right", fontsize=8)
         ax.set_ylabel(f"score at budget {chosen}")
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / "tasks_at_budget.png", dpi=120)
@@ -254,4 +271,4 @@ def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool =
         for bucket in BUCKETS:
             if any(r["length"] == bucket for r in by_bucket):
                 text += f"\n\n[LongBench-E bucket {bucket}]\n" + format_tables(by_bucket, bucket)
-    return text + note, plot(rows, out_dir, bar_budget)
+    return text + note, plot(rows, out_dir, bar_budget, plot_title(out_dir, rows))

@@ -16,6 +16,8 @@ from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
 from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
 from criticalkv.compat import cache_argument
+from criticalkv.defaults import DEFAULT_WINDOWS as DEFAULT_WINDOWS
+from criticalkv.defaults import MODES as MODES
 from criticalkv.methods import HeadScoresArg, Method
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime.attach import attach
@@ -27,9 +29,6 @@ from criticalkv.runtime.reconstruction import repeat_prompt
 logger = logging.getLogger(__name__)
 
 Mode = Literal["question-aware", "question-agnostic"]
-MODES: tuple[str, ...] = ("question-aware", "question-agnostic")
-#: default observation windows: the AdaKV repo (question-aware) and kvpress (question-agnostic)
-DEFAULT_WINDOWS: dict[str, int] = {"question-aware": 32, "question-agnostic": 64}
 
 
 def check_mode(mode: str) -> str:
@@ -59,9 +58,15 @@ class GenerationResult:
     kv_bytes_final: int = 0
     decode_budget: int | None = None
     decode_interval: int | None = None
-    #: the storage precision (16: the model's dtype) and the bits per stored key/value element
+    #: the storage precision as asked (16: the model's dtype, unquantized, or the quantized bit width)
     kv_bits: int = 16
+    #: the bits of one stored key/value element: the quantized bit width, else the model dtype's (32 for float32)
+    storage_bits: int = 16
+    #: bits per key/value element the cache held when the first token was produced (what ``kv_bytes``
+    #: counts: the prompt's kept entries; scales, zero points, full-precision residual and spare capacity included)
     kv_bits_per_element: float | None = None
+    #: the same at the end (``kv_bytes_final``: generated tokens and the tail's spare capacity included)
+    kv_bits_per_element_final: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +81,7 @@ class _FirstTokenClock:
         self.first_at: float | None = None
         self.kv_bytes_at_first = 0
         self.kv_bytes_full_at_first = 0
+        self.bits_at_first: float | None = None
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
@@ -83,6 +89,7 @@ class _FirstTokenClock:
             self.first_at = time.perf_counter()
             self.kv_bytes_at_first = self.cache.kv_bytes()
             self.kv_bytes_full_at_first = self.cache.kv_bytes_full()
+            self.bits_at_first = bits_per_element(self.cache)
 
     def end(self) -> None:
         pass
@@ -176,7 +183,9 @@ def generate(
         kv_bytes_peak=cache.kv_bytes_peak(),
         kv_bytes_final=cache.kv_bytes(),
         **_spec_fields(spec),
-        kv_bits_per_element=bits_per_element(cache),
+        storage_bits=spec.kv_bits if spec.storage is not None else torch.finfo(model.dtype).bits,
+        kv_bits_per_element=clock.bits_at_first if clock.first_at is not None else bits_per_element(cache),
+        kv_bits_per_element_final=bits_per_element(cache),
     )
 
 

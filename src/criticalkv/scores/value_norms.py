@@ -6,10 +6,10 @@ import logging
 
 import torch
 
-logger = logging.getLogger(__name__)
-
 #: precisions the projection can be computed in; ``"auto"`` is resolved by :func:`norm_dtype`
-NORM_PRECISIONS = ("auto", "exact", "float32", "bfloat16", "float16")
+from criticalkv.defaults import NORM_PRECISIONS as NORM_PRECISIONS
+
+logger = logging.getLogger(__name__)
 
 _CPU_CHUNK_BYTES = 1 << 20  # the (…, chunk, G*D) temporary stays in the L2 cache
 _DEVICE_CHUNK_BYTES = 1 << 26  # on accelerators fewer, larger launches are faster

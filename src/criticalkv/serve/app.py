@@ -20,10 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from criticalkv.serve.chat import answer
 from criticalkv.serve.compress import check_compressible
+from criticalkv.serve.contexts import PendingContexts, add_context_routes, follow
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.schemas import ChatRequest, ContextCreate
 from criticalkv.serve.session import Channel
+from criticalkv.serve.store import new_id
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
@@ -103,8 +105,9 @@ def _add_authentication(app: FastAPI, engine: Engine) -> None:
         return await call_next(request)
 
 
-async def _create_context(body: ContextCreate, engine: Engine) -> dict[str, Any]:
-    """Check a document, compress it on the engine and answer its context's description."""
+async def _create_context(body: ContextCreate, engine: Engine, pending: PendingContexts) -> Response:
+    """Check a document, compress it on the engine and answer its context's description (with
+    ``wait`` false: answer 202 with its id at once, the compression going on in the background)."""
     method, budget, window = engine.config.compression(body.method, body.budget, body.window)
     if not body.text.strip():
         raise invalid("text is empty; send the document to compress", "text")
@@ -125,14 +128,25 @@ async def _create_context(body: ContextCreate, engine: Engine) -> dict[str, Any]
     check_compressible(len(ids), budget, window, engine.quantization, "document", at_fault)
     engine.admit()
     channel = Channel(asyncio.get_running_loop())
+    if not body.wait:
+        context_id = new_id()
+        entry = pending.start(context_id, len(ids), method, budget, window)
+        engine.submit_context(ids, method, budget, window, channel, context_id)
+        _BACKGROUND.add(task := asyncio.create_task(follow(channel, pending, context_id)))
+        task.add_done_callback(_BACKGROUND.discard)
+        return JSONResponse(entry, status_code=202)
     engine.submit_context(ids, method, budget, window, channel)
     kind, value = await channel.get()
     if kind == "error":
         raise value
-    return dict(value)
+    return JSONResponse(dict(value))
 
 
-def _add_routes(app: FastAPI, engine: Engine) -> None:
+#: the tasks following background compressions (held so that they are not garbage-collected)
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _add_routes(app: FastAPI, engine: Engine, pending: PendingContexts) -> None:
     """The OpenAI-compatible routes, the contexts resource and ``/metrics``."""
     created = int(time.time())
 
@@ -145,17 +159,18 @@ def _add_routes(app: FastAPI, engine: Engine) -> None:
     async def chat(body: ChatRequest) -> Response:
         return await answer(body, engine)
 
-    @app.post("/v1/contexts")
-    async def create_context(body: ContextCreate) -> dict[str, Any]:
-        return await _create_context(body, engine)
+    @app.post("/v1/contexts", response_model=None)
+    async def create_context(body: ContextCreate) -> Response:
+        return await _create_context(body, engine, pending)
 
     @app.get("/v1/contexts/{context_id}")
     async def get_context(context_id: str) -> dict[str, Any]:
-        return engine.store.info(context_id)
+        return pending.info(context_id) or engine.store.info(context_id)
 
     @app.delete("/v1/contexts/{context_id}")
     async def delete_context(context_id: str) -> dict[str, Any]:
-        engine.store.delete(context_id)
+        if not pending.discard(context_id):
+            engine.store.delete(context_id)
         return {"id": context_id, "object": "context.deleted", "deleted": True}
 
     @app.get("/metrics")
@@ -177,5 +192,7 @@ def build_app(engine: Engine) -> FastAPI:
     _add_error_handlers(app)
     _add_body_limit(app, engine)  # inside authentication (the last added runs first)
     _add_authentication(app, engine)
-    _add_routes(app, engine)
+    pending = PendingContexts()
+    _add_routes(app, engine, pending)
+    add_context_routes(app, engine, pending)
     return app

@@ -148,12 +148,15 @@ class Engine:
         return len(self._active)
 
     # --- submitting work (from the event loop) -----------------------------------------------
-    def submit_context(self, ids: list[int], method: str, budget: float, window: int, channel: Channel) -> None:
-        """Compress ``ids`` (a context, question-agnostic) and store it; answers ``("done", info)``."""
+    def submit_context(
+        self, ids: list[int], method: str, budget: float, window: int, channel: Channel, context_id: str | None = None
+    ) -> None:
+        """Compress ``ids`` (a context, question-agnostic) and store it (under ``context_id``, or a
+        new id); answers ``("done", info)``."""
 
         def job() -> None:
             try:
-                entry = self._compress(ids, method, budget, window)
+                entry = self._compress(ids, method, budget, window, context_id)
                 channel.put("done", entry.info())
             finally:
                 self._release()
@@ -206,9 +209,9 @@ class Engine:
 
         return dataclasses.replace(job, run=guarded)
 
-    def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
+    def _compress(self, ids: list[int], method: str, budget: float, window: int, context_id: str | None) -> Any:
         cache, _ = compress(self.model, ids, method, budget, window, self.quantization, self.repeat)
-        return self.store.add(cache, len(ids), method, budget, window)
+        return self.store.add(cache, len(ids), method, budget, window, context_id)
 
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:

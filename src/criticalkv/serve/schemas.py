@@ -53,6 +53,8 @@ class Compression(BaseModel):
 
 class ContextCreate(Compression):
     text: Text
+    #: ``False``: answer 202 at once with the id, compress in the background (``GET`` shows the status)
+    wait: bool = True
 
 
 class ChatRequest(Compression):

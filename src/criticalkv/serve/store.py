@@ -62,6 +62,7 @@ class StoredContext:
             "kv_bits": self.kv_bits,
             "created": self.created,
             "in_memory": self.cache is not None,
+            "status": "ready",
         }
 
 
@@ -121,6 +122,18 @@ class ContextStore:
         with self._lock:
             return self._entry(context_id).info()
 
+    def infos(self) -> list[dict[str, Any]]:
+        """Every stored context's description (the folder decides, as for :meth:`info`), oldest first."""
+        ids = [p.name.removesuffix(SUFFIX) for p in self.folder.glob(f"ctx_*{SUFFIX}")]
+        out = []
+        with self._lock:
+            for context_id in ids:
+                try:
+                    out.append(self._entry(context_id).info())
+                except APIError:  # deleted meanwhile, or not a readable context
+                    continue
+        return sorted(out, key=lambda info: (info["created"], info["id"]))
+
     def has(self, context_id: str) -> bool:
         with self._lock:
             try:
@@ -163,8 +176,17 @@ class ContextStore:
         return entry
 
     # --- what the worker does -------------------------------------------------------------------
-    def add(self, cache: CompressedCache, tokens: int, method: str, budget: float, window: int) -> StoredContext:
-        """Store a freshly compressed context: on disk first, then in memory (spilling others)."""
+    def add(
+        self,
+        cache: CompressedCache,
+        tokens: int,
+        method: str,
+        budget: float,
+        window: int,
+        context_id: str | None = None,
+    ) -> StoredContext:
+        """Store a freshly compressed context (under ``context_id``, or a new id): on disk first,
+        then in memory (spilling others)."""
         kv = cache.kv_bytes()
         if kv > self.cap_bytes:
             raise APIError(
@@ -175,8 +197,8 @@ class ContextStore:
                 code="context_too_large",
             )
         bits = 16 if cache.quantization is None else cache.quantization.bits
-        entry = StoredContext(new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
-        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory", "kv_bits")}
+        entry = StoredContext(context_id or new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
+        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory", "kv_bits", "status")}
         cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
         self._record_checksum(entry.id)
         with self._lock:

@@ -122,9 +122,24 @@ def test_criticalkv_generate_reports_bits() -> None:
         tiny, tokenizer, [CONTEXT, CONTEXT[:90]], ["Who?", "What jumps?"], kv_bits=4, kv_group_size=8, **kwargs
     )
     assert plain.kv_bits == 16 and four.kv_bits == 4
+    assert plain.storage_bits == 32 and four.storage_bits == 4  # the tiny model is float32
     assert plain.kv_bits_per_element is not None and plain.kv_bits_per_element >= 32  # float32 + spare tail
     assert four.kv_bits_per_element is not None and four.kv_bits_per_element < plain.kv_bits_per_element / 2
+    assert plain.kv_bits_per_element_final is not None and four.kv_bits_per_element_final is not None
     assert four.kv_bytes < plain.kv_bytes and four.kv_bytes_full == plain.kv_bytes_full
+
+
+def test_bits_per_element_is_the_first_tokens_on_kv_bytes() -> None:
+    """Issue 29, point 3: the figure is computed on what ``kv_bytes`` holds (the prompt's entries at the
+    first token), not on the final bytes with the decode tail's full-precision residual; the end has its own."""
+    tiny, tokenizer = make_tiny("llama"), char_tokenizer()
+    kwargs = {"window": 4, "max_new_tokens": 12, "min_new_tokens": 12, "chat": False, "method": "snapkv"}
+    four = ckv.generate(tiny, tokenizer, CONTEXT, "Who?", budget=0.5, kv_bits=4, kv_group_size=8, **kwargs)
+    layers, kv_heads, head_dim = 3, 2, 16  # tests/conftest.py's tiny model
+    entries_at_first = layers * kv_heads * (four.context_tokens[0] + four.question_tokens[0])  # upper bound
+    assert four.kv_bits_per_element is not None and four.kv_bits_per_element_final is not None
+    assert four.kv_bits_per_element >= 8 * four.kv_bytes / (2 * head_dim * entries_at_first)
+    assert four.kv_bits_per_element < four.kv_bits_per_element_final  # the end adds the exact residual
 
 
 @pytest.mark.parametrize(

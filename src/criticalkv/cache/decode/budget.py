@@ -27,14 +27,13 @@ import torch
 
 from criticalkv.cache.decode.reselect import kept_in_order, reselect, tail_entries
 from criticalkv.cache.layer import CompressedLayer
+from criticalkv.defaults import DEFAULT_INTERVAL as DEFAULT_INTERVAL
 from criticalkv.methods import Method
 from criticalkv.options import OptionError, OptionTypeError
 from criticalkv.scores.value_norms import norm_dtype, norms_memo_key, projected_value_norms
 from criticalkv.state import LayerState
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_INTERVAL = 64
 
 
 def check_decode_budget(method: Method, window: int, budget: object, interval: object) -> tuple[int, int]:

@@ -6,15 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.cache.quantized.codec import SUPPORTED_BITS
+from criticalkv.defaults import DEFAULT_GROUP_SIZES as DEFAULT_GROUP_SIZES
+from criticalkv.defaults import DEFAULT_RESIDUAL as DEFAULT_RESIDUAL
 from criticalkv.options import OptionError, OptionTypeError
 
-#: entries (keys: tokens, values: channels) sharing one scale and zero point, per bit width, chosen
-#: by measurement (docs/results/quantized-storage.md): 8 bits at 64 moved the NLL by 0.011 nats/token
-#: at budget 0.5 (target < 0.01), at 32 by 0.0013; 4 bits at 32 cost over 5 bits per element, at 64
-#: (one value group per token at head dimension 64) 4.5 per whole block
-DEFAULT_GROUP_SIZES: dict[int, int] = {8: 32, 4: 64}
-#: most recent appended tokens kept in full precision (capped at the smallest per-head budget)
-DEFAULT_RESIDUAL = 64
 #: ``kv_bits`` values that mean "not quantized": the model's own dtype
 UNQUANTIZED_BITS: tuple[int, ...] = (16, 32)
 

@@ -28,7 +28,8 @@ class Draw:
 
     tasks: list[str]
     lengths: list[int]
-    samples: int
+    #: per (task, length); ``None``: every sample there is (:attr:`Benchmark.default_samples` ``None``)
+    samples: int | None
     seed: int
 
 
@@ -50,6 +51,8 @@ class Benchmark(ABC):
     #: ``True``: samples come at their own length (``--lengths`` does not apply), and one longer
     #: than the model accepts is skipped with a warning (and counted in the report), not an error
     per_sample_length: ClassVar[bool] = False
+    #: samples per (task, length) when the sweep sets none (``None``: all of them, e.g. a user's own file)
+    default_samples: ClassVar[int | None] = 10
 
     def options_from_flat(self, flat: Mapping[str, Any]) -> Any:
         """This benchmark's options from flat ones; raises ``ValueError`` for another benchmark's."""

@@ -24,7 +24,7 @@ class DatasetOptions:
 
 
 class Dataset(Benchmark):
-    """The first ``samples`` lines of each task of the file, each at its own length (recorded as
+    """Every line of the file (or the first ``samples`` lines of each task), each at its own length (recorded as
     length 0); a file without ``task`` fields is one task.
 
     The run identity names the file (not its path: the same file by a relative or an absolute
@@ -35,6 +35,7 @@ class Dataset(Benchmark):
     name = "dataset"
     options_type = DatasetOptions
     per_sample_length = True
+    default_samples = None  # a user's file is evaluated whole unless --samples says otherwise
 
     def prepare(self, tasks: list[str] | None, options: DatasetOptions) -> tuple[list[str], DatasetOptions]:
         """Reads the file once, so a missing, unreadable or empty file is refused before any work."""

@@ -36,6 +36,7 @@ class LongBench(Benchmark):
         return names, replace(options, data_dir=data_dir)
 
     def samples(self, draw: Draw, options: LongBenchOptions, tokenizer: Any) -> Iterator[tuple[int, Sample]]:
+        assert draw.samples is not None  # LongBench's default_samples is a count
         yield from iter_samples(
             draw.tasks, tokenizer, draw.lengths, draw.samples, options.data_dir, options.longbench_e
         )

@@ -32,6 +32,7 @@ class Ruler(Benchmark):
         return names, options
 
     def planned(self, draw: Draw) -> list[Slot]:
+        assert draw.samples is not None  # RULER's default_samples is a count
         return [(t, n, i) for i in range(draw.samples) for n in draw.lengths for t in draw.tasks]
 
     def samples(self, draw: Draw, options: RulerOptions, tokenizer: Any) -> Iterator[tuple[int, Sample]]:

@@ -16,7 +16,7 @@ from types import ModuleType
 #: the datasets whose metric segments Chinese text
 NEEDS_JIEBA: frozenset[str] = frozenset({"multifieldqa_zh", "dureader", "vcsum"})
 
-INSTALL_HINT = "pip install 'criticalkv[longbench]' (or: pip install 'jieba>=0.42')"
+INSTALL_HINT = "pip install -e '.[longbench]' (in a clone; or: pip install 'jieba>=0.42')"
 
 
 class MissingJieba(ImportError, ValueError):
