@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from criticalkv.methods import Method, available_methods, bind, get_method, register
     from criticalkv.models import load_model
     from criticalkv.needs import Needs
-    from criticalkv.runtime import GenerationResult, attach, compress_prompt, continue_generation, generate, prefill
+    from criticalkv.runtime import compress_prompt, continue_generation, prefill
+    from criticalkv.runtime.attach import attach
+    from criticalkv.runtime.generate import GenerationResult, generate
     from criticalkv.state import LayerState
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from criticalkv.ops import cpu  # noqa: F401  (registers the C kernel as the op's CPU implementation)
+from criticalkv.ops.cpu import ragged_decode_cpu  # noqa: F401  (registers the C kernel as the op's CPU implementation)
 from criticalkv.ops.ragged_decode import DECODE_ENV, DECODE_MODES, decode_through_op, mark_fast, ragged_decode
 from criticalkv.ops.reference import check_layout, ragged_decode_reference
 

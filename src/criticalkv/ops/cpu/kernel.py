@@ -16,9 +16,9 @@ import logging
 
 import torch
 
-import criticalkv.ops.ragged_decode  # noqa: F401  (defines the op this module implements for CPU)
 from criticalkv.ops.cpu.args import DecodeArgs
 from criticalkv.ops.cpu.build import decode_kernel
+from criticalkv.ops.ragged_decode import ragged_decode
 from criticalkv.ops.reference import check_entry_starts, check_layout, ragged_decode_reference
 
 logger = logging.getLogger(__name__)
@@ -206,4 +206,4 @@ def _set(args: DecodeArgs, names: tuple[str, ...], tensors: tuple[torch.Tensor |
 
 def register() -> None:
     """Register :func:`ragged_decode_cpu` as the op's CPU implementation."""
-    torch.library.register_kernel("criticalkv::ragged_decode", "cpu")(ragged_decode_cpu)
+    ragged_decode.register_kernel("cpu")(ragged_decode_cpu)
