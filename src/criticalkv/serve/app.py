@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from criticalkv.serve.chat import answer
+from criticalkv.serve.completions import add_completion_routes
 from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
@@ -178,4 +179,5 @@ def build_app(engine: Engine) -> FastAPI:
     _add_body_limit(app, engine)  # inside authentication (the last added runs first)
     _add_authentication(app, engine)
     _add_routes(app, engine)
+    add_completion_routes(app, engine)
     return app
