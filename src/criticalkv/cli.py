@@ -10,6 +10,7 @@ from types import ModuleType
 
 from criticalkv.commands import bench, demo, generate, head_scores, methods, serve
 from criticalkv.commands import eval as eval_command
+from criticalkv.commands import lm_eval as lm_eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
 from criticalkv.commands.cache_options import FLAGS
@@ -28,6 +29,7 @@ COMMANDS: list[ModuleType] = [
     head_scores,
     bench,
     serve,
+    lm_eval_command,
 ]
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from criticalkv.serve.chat import answer
+from criticalkv.serve.completions import add_completion_routes
 from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.contexts import PendingContexts, add_context_routes, follow
 from criticalkv.serve.engine import Engine
@@ -195,4 +196,5 @@ def build_app(engine: Engine) -> FastAPI:
     pending = PendingContexts()
     _add_routes(app, engine, pending)
     add_context_routes(app, engine, pending)
+    add_completion_routes(app, engine)
     return app

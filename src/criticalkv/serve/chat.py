@@ -44,7 +44,7 @@ def validate(body: ChatRequest, engine: Engine) -> ChatWork:
         )
     if body.n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
-    sampling, stops = _sampling(body), _stops(body.stop)
+    sampling, stops = sampling_of(body), stops_of(body.stop)
     max_tokens = _max_tokens(body, config.max_new_tokens)
     question = body.messages[-1].text().strip() if body.messages[-1].role == "user" else ""
     if not question:
@@ -77,8 +77,6 @@ def _stored_context_work(
     """A question about a stored context: the context's compression, the question's ids."""
     if not engine.store.has(context_id):
         raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
-    if len(body.messages) != 1:
-        raise invalid("with context_id, send the question as the only (user) message", "messages")
     info = engine.store.info(context_id)
     asked = {"method": body.method, "budget": body.budget, "window": body.window}
     for key, value in asked.items():
@@ -87,7 +85,7 @@ def _stored_context_work(
                 f"context {context_id} was compressed with {key}={info[key]!r}; omit {key} or create another context",
                 key,
             )
-    ids = engine.question_ids(question)
+    ids = engine.question_ids(question) if len(body.messages) == 1 else engine.conversation_ids(body.messages)
     total = info["tokens"] + len(ids) + max_tokens
     if total > engine.max_positions:
         raise _too_long(total, engine.max_positions)
@@ -124,7 +122,7 @@ def _prompt_work(
     return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling, stops)
 
 
-def _sampling(body: ChatRequest) -> Sampling:
+def sampling_of(body: ChatRequest | Any) -> Sampling:
     """The request's ``temperature`` (in [0, 2]; left out: 0, greedy, as the server always
     answered, unlike OpenAI's default of 1), ``top_p`` (in (0, 1]) and ``seed``."""
     temperature = 0.0 if body.temperature is None else body.temperature
@@ -136,7 +134,7 @@ def _sampling(body: ChatRequest) -> Sampling:
     return Sampling(temperature, top_p, body.seed)
 
 
-def _stops(stop: object) -> tuple[str, ...]:
+def stops_of(stop: object) -> tuple[str, ...]:
     """The request's ``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings."""
     if stop is None:
         return ()

@@ -34,6 +34,7 @@ from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat
 from criticalkv.serve.compress import check_methods, compress
 from criticalkv.serve.compressor import Compressor
 from criticalkv.serve.config import ServerConfig
+from criticalkv.serve.conversation import conversation_ids
 from criticalkv.serve.errors import APIError, server_error
 from criticalkv.serve.metrics import Metrics
 from criticalkv.serve.prompts import PromptCompressions
@@ -114,6 +115,11 @@ class Engine:
         with self.tokenizer_lock:
             return encode_pair(self.tokenizer, _ANY_CONTEXT, question)[1]
 
+    def conversation_ids(self, messages: Sequence[Any]) -> list[int]:
+        """The turns of a conversation about a stored context (:mod:`~criticalkv.serve.conversation`)."""
+        with self.tokenizer_lock:
+            return conversation_ids(self.tokenizer, [(m.role, m.text()) for m in messages])
+
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """A whole conversation, rendered with the chat template (or plain text without one)."""
         with self.tokenizer_lock:
@@ -163,11 +169,11 @@ class Engine:
 
         self.compressor.submit(self._guard(Job(job), channel).run)  # beside the decode steps
 
-    def submit_chat(self, work: ChatWork, channel: Channel) -> None:
-        """Answer ``work``; streams ``("delta", text)`` items, then ``("done", summary)``."""
+    def submit_chat(self, work: ChatWork, channel: Channel, session_type: type[Session] = Session) -> None:
+        """Answer ``work`` (as a ``session_type``); streams ``("delta", text)`` items, then ``("done", summary)``."""
 
         def job() -> Session | None:
-            session = Session(self, work, channel)
+            session = session_type(self, work, channel)
             if work.context_id is None and len(work.prompt_ids) >= self.config.offload_prompt_tokens:
                 session.reserve = reserve
                 self.prompts.submit(session)  # a long prompt: the worker takes it back compressed
