@@ -54,9 +54,10 @@ def evaluate(model: str, model_args: str, tasks: list[str], include: Path, **opt
 
     settings: dict[str, Any] = {"device": "cpu", "batch_size": 1, "log_samples": True, "bootstrap_iters": 0}
     settings.update(options)
-    return lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=tasks, task_manager=TaskManager(include_path=str(include)), **settings
-    )
+    # lm-eval's CLI hands --metadata (RULER's tokenizer and lengths) to the task manager it builds;
+    # a task manager passed in must carry it itself
+    manager = TaskManager(include_path=str(include), metadata=settings.get("metadata"))
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=manager, **settings)
 
 
 def responses(results: dict[str, Any], task: str) -> list[Any]:
