@@ -31,19 +31,24 @@ def _too_long(total: int, limit: int) -> APIError:
     )
 
 
-def validate(body: ChatRequest, engine: Engine) -> ChatWork:
-    """The request as :class:`ChatWork`, or an :class:`APIError` saying what to fix."""
-    config = engine.config
-    if body.model != config.model_name:
+def check_model_and_n(model: str, n: int | None, served: str) -> None:
+    """A 404 unless ``model`` is the one served, a 400 unless ``n`` is 1 (or absent)."""
+    if model != served:
         raise APIError(
             404,
-            f"model {body.model!r} is not served here; use {config.model_name!r}",
+            f"model {model!r} is not served here; use {served!r}",
             param="model",
             code="model_not_found",
             type="not_found_error",
         )
-    if body.n not in (None, 1):
+    if n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
+
+
+def validate(body: ChatRequest, engine: Engine) -> ChatWork:
+    """The request as :class:`ChatWork`, or an :class:`APIError` saying what to fix."""
+    config = engine.config
+    check_model_and_n(body.model, body.n, config.model_name)
     sampling, stops = sampling_of(body), stops_of(body.stop)
     max_tokens = _max_tokens(body, config.max_new_tokens)
     question = body.messages[-1].text().strip() if body.messages[-1].role == "user" else ""

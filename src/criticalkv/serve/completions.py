@@ -21,10 +21,10 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from criticalkv.runtime import capture_prefill, input_device
-from criticalkv.serve.chat import sampling_of, stops_of
+from criticalkv.serve.chat import check_model_and_n, sampling_of, stops_of
 from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
-from criticalkv.serve.errors import APIError, invalid
+from criticalkv.serve.errors import invalid
 from criticalkv.serve.schemas import Compression, Text
 from criticalkv.serve.session import Channel, ChatWork, Session
 
@@ -131,16 +131,7 @@ def _prompts(body: CompletionRequest, engine: Engine) -> list[tuple[list[int], s
 
 def _check(body: CompletionRequest, engine: Engine) -> int:
     """The request's ``max_tokens`` after every check of its fields (a 400 or 404 naming the field)."""
-    if body.model != engine.config.model_name:
-        raise APIError(
-            404,
-            f"model {body.model!r} is not served here; use {engine.config.model_name!r}",
-            param="model",
-            code="model_not_found",
-            type="not_found_error",
-        )
-    if body.n not in (None, 1):
-        raise invalid("only n=1 is supported", "n")
+    check_model_and_n(body.model, body.n, engine.config.model_name)
     if body.stream:
         raise invalid("streaming completions is not supported; send stream=false (chat completions stream)", "stream")
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
