@@ -7,25 +7,18 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
 
 from criticalkv.ops.cpu import build
-
-needs_compiler = pytest.mark.skipif(
-    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler (cc or gcc) on PATH"
-)
+from tests.helpers.c_kernel import fresh_kernel_folder, needs_compiler
 
 
 @pytest.fixture
 def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh kernel folder, so each test compiles (or fails to) on its own."""
-    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("CRITICALKV_KERNEL", raising=False)
-    monkeypatch.setattr(build, "_chosen", {})
-    return tmp_path / "kernels"
+    return fresh_kernel_folder(tmp_path, monkeypatch)
 
 
 @needs_compiler

@@ -25,12 +25,10 @@ import torch
 from criticalkv.ops import ragged_decode_reference
 from criticalkv.ops.cpu import build, c_ragged_decode
 from criticalkv.ops.cpu.args import DecodeArgs
+from tests.helpers.c_kernel import needs_compiler
 from tests.helpers.ragged_layouts import random_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_compiler = pytest.mark.skipif(
-    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler (cc or gcc) on PATH"
-)
 as_root = os.geteuid() == 0
 
 #: a library with the kernel's symbols and struct size that fills the output with 1234

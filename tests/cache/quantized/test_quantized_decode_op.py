@@ -7,7 +7,6 @@ level and through ``generate``; threads that give the same bits; a struct of ano
 from __future__ import annotations
 
 import ctypes
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,20 +20,14 @@ from criticalkv.cache.quantized.paged import paged_quantized
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
 from criticalkv.ops import ragged_decode, ragged_decode_reference
 from criticalkv.ops.cpu import build, kernel
+from tests.helpers.c_kernel import fresh_kernel_folder, needs_compiler
 from tests.helpers.segment_attention import attend_segments
-
-needs_compiler = pytest.mark.skipif(
-    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler (cc or gcc) on PATH"
-)
 
 
 @pytest.fixture
 def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh kernel folder, so each test compiles (or fails to) on its own."""
-    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("CRITICALKV_KERNEL", raising=False)
-    monkeypatch.setattr(build, "_chosen", {})
-    return tmp_path / "kernels"
+    return fresh_kernel_folder(tmp_path, monkeypatch)
 
 
 def _library() -> ctypes.CDLL:
