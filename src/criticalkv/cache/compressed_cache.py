@@ -14,6 +14,7 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
+from criticalkv.cache.joint_prefill import JointPrefill, bounded
 from criticalkv.cache.layer import CompressedLayer, new_storage
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill_state import DEFAULT_WINDOW, state_from_prefill, synchronize
@@ -55,10 +56,13 @@ class CompressedCache(Cache):
     keeping as many as they declare.
 
     Methods whose budgets span layers (``layer-defensivekv``, ``needs.cross_layer``) cannot
-    select a layer before every layer's scores are known: the cache keeps each layer's prefill
-    state (its full keys and values) until the last layer's, then selects over all layers jointly
-    and compresses them all. During such a prefill the whole uncompressed prompt cache is held,
-    as in the released code; the memory saving starts when the prefill ends.
+    select a layer before every layer's scores are known. When their selection keeps each head's
+    top-ranked entries (``layer-defensivekv``), the cache holds of each prefilled layer
+    only the entries that can still win the joint selection, then selects over all layers jointly:
+    the same selection, within ``(b / T + 1 / L)`` x the full cache during the prompt
+    (:mod:`~criticalkv.cache.joint_prefill`). Others (``critical-kvzip``) keep every layer's full
+    prefill state until the last one, as in the released code. :attr:`prefill_peak_bytes` is the
+    most KV held at once while the prompt was compressed.
 
     **One prompt per cache.** Once it holds a compressed prompt, a cache accepts only
     continuations of it: ``generate``'s decode steps, a question appended after the context
@@ -117,6 +121,9 @@ class CompressedCache(Cache):
         self.budget_tokens: torch.Tensor | None = None
         #: cross-layer methods: the layers seen so far in this prefill, compressed after the last one
         self._deferred: dict[int, tuple[CompressedLayer, LayerState]] = {}
+        self._joint: JointPrefill | None = None  # the same, holding only candidates (bounded methods)
+        #: the most KV bytes held at once while the prompt was compressed (see :meth:`_note_prefill_bytes`)
+        self.prefill_peak_bytes = 0
         #: the token ids fed so far, to recognise a continuation (see the class docstring)
         self.tokens = TokenRecord()
         #: seconds spent selecting and storing kept entries (all layers); with ``synchronize_timing``
@@ -233,14 +240,36 @@ class CompressedCache(Cache):
             if self.quantization is not None:  # against the budget asked for, not a layer's share of it
                 self.quantization.check_budget(int(self.budget_tokens.min()))
         if self.method.needs.cross_layer:
-            self._deferred[layer.layer_idx] = (layer, state)
-            if len(self._deferred) == self.num_layers:
-                self._compress_jointly()
+            self._defer(layer, state)
             return
         keep = self.method.keep_mask(state, self.budget_tokens)
         layer.set_prefix(state.keys, state.values, keep)
+        self._note_prefill_bytes(state)
         if self.decode is not None:
             self.decode.after_prefill(layer, state)
+
+    def _defer(self, layer: CompressedLayer, state: LayerState) -> None:
+        """Cross-layer budgets: hold the layer until the last one (only its candidates, when the
+        selection allows, :mod:`~criticalkv.cache.joint_prefill`), then select over all layers."""
+        assert self.budget_tokens is not None
+        if bounded(self.method):
+            if self._joint is None:
+                self._joint = JointPrefill(self.method, self.num_layers)
+            done = self._joint.add(layer, state, self.budget_tokens)
+            self._note_prefill_bytes(state, 0 if done else self._joint.high_water)
+            self._joint = None if done else self._joint
+            return
+        self._deferred[layer.layer_idx] = (layer, state)
+        deferred = sum(_kv_bytes(s) for _, s in self._deferred.values())
+        self._note_prefill_bytes(state, deferred - _kv_bytes(state))
+        if len(self._deferred) == self.num_layers:
+            self._compress_jointly()
+
+    def _note_prefill_bytes(self, state: LayerState, held: int = 0) -> None:
+        """Update :attr:`prefill_peak_bytes`: the layers stored, ``held`` bytes of layers waiting for a
+        joint selection, and the layer being compressed, whole (the prefill holds it)."""
+        now = self.kv_bytes() + held + _kv_bytes(state)
+        self.prefill_peak_bytes = max(self.prefill_peak_bytes, now)
 
     def _compress_jointly(self) -> None:
         """Select over every deferred layer at once (cross-layer budgets), then store each layer."""
@@ -326,3 +355,8 @@ class CompressedCache(Cache):
                 raise ValueError("the cache holds no compressed prompt yet")
             masks.append(layer.keep)
         return masks
+
+
+def _kv_bytes(state: LayerState) -> int:
+    """Bytes of a layer state's keys and values."""
+    return sum(t.numel() * t.element_size() for t in (state.keys, state.values))

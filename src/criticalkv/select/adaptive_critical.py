@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -59,6 +60,8 @@ class AdaptiveCritical(RankingSelector):
         (``"auto"``, ``"exact"``, ``"float32"``, ``"bfloat16"``, ``"float16"``); the norms are
         shared with the Critical methods compressing the same prefill.
     """
+
+    top_ranked: ClassVar[bool] = True
 
     threshold: float = 0.9
     window_correction: bool = True

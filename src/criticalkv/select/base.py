@@ -16,9 +16,14 @@ class Selector(ABC):
     ``True`` per head, the observation window always among them.
 
     ``scores`` is (B, H_kv, T) with ``-inf`` where an entry cannot be chosen.
+
+    ``top_ranked``: the selection keeps each head's ``budgets - window`` highest ``scores`` and the
+    window, nothing else (top-k, DefensiveKV's ranking). A cross-layer cache then holds, during the
+    prefill, only the entries that can still be among them (:mod:`criticalkv.cache.joint_prefill`).
     """
 
     needs: ClassVar[Needs] = NOTHING
+    top_ranked: ClassVar[bool] = False
 
     @abstractmethod
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor: ...

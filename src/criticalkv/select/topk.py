@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -41,6 +42,8 @@ def topk_mask(scores: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
 @dataclass(frozen=True)
 class TopK(Selector):
     """Keep the window plus each head's ``budget - window`` highest-scoring entries."""
+
+    top_ranked: ClassVar[bool] = True
 
     def __call__(self, scores: torch.Tensor, budgets: torch.Tensor, state: LayerState) -> torch.Tensor:
         chosen = topk_mask(scores, budgets - state.window, state.eligible)
