@@ -1,4 +1,4 @@
-"""Cross-layer budgets within a memory bound (criticalkv.cache.joint_prefill): the prefill holds
+"""Cross-layer budgets within a memory bound (criticalkv.cache.prefill.joint): the prefill holds
 only the candidates that can still win the joint selection, the selection is the whole-prompt one
 exactly, and the KV held during the prompt stays within the compressed size plus one layer."""
 
@@ -9,7 +9,7 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.budgets import LayerJoint
-from criticalkv.cache.joint_prefill import JointPrefill, bounded
+from criticalkv.cache.prefill import JointPrefill, bounded
 from criticalkv.prompts import positions
 from criticalkv.scores import WindowAttention
 from criticalkv.select import Critical

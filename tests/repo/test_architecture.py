@@ -85,6 +85,19 @@ def test_code_outside_a_cache_subpackage_imports_only_its_face() -> None:
     )
 
 
+#: the cache's public face (issue 26): at most this many modules at the top of ``cache/``, the rest in rooms
+MAX_CACHE_TOP_MODULES = 12
+
+
+def test_the_cache_keeps_at_most_twelve_modules_at_its_top() -> None:
+    top = sorted(path.name for path in (PACKAGE / "cache").glob("*.py"))
+    assert len(top) <= MAX_CACHE_TOP_MODULES, report(
+        f"modules at the top of cache/ (at most {MAX_CACHE_TOP_MODULES})",
+        "move the module into the subpackage of its concern (docs/contributing.md, The cache's rooms)",
+        top,
+    )
+
+
 def test_no_module_touches_another_modules_private_attributes() -> None:
     touched = private_access(PACKAGE)
     assert not touched, report(

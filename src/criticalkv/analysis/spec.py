@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from criticalkv.cache.prefill_state import check_window
+from criticalkv.cache.prefill import check_window
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import torch
 from criticalkv.bench.ours import StorageOptions
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.prefill_state import check_window
+from criticalkv.cache.prefill import check_window
 from criticalkv.cache.quantized import check_quantized_decode, default_group_size, quantization_for
 from criticalkv.methods import bind, get_method
 from criticalkv.options import OptionError

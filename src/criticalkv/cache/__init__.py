@@ -1,9 +1,9 @@
 """The physically compressed KV cache and its attention function."""
 
 from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention, route_attention
-from criticalkv.cache.capture import CaptureCache
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.layer import CompressedLayer, new_storage, storage_class
+from criticalkv.cache.prefill import CaptureCache
 from criticalkv.cache.spec import CacheSpec, DecodeBudget, bind_spec
 from criticalkv.cache.storage import Geometry, Storage
 

@@ -14,10 +14,9 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
-from criticalkv.cache.joint_prefill import JointPrefill, bounded
 from criticalkv.cache.layer import CompressedLayer, new_storage
 from criticalkv.cache.persist import load_cache, save_cache
-from criticalkv.cache.prefill_state import DEFAULT_WINDOW, state_from_prefill, synchronize
+from criticalkv.cache.prefill import DEFAULT_WINDOW, JointPrefill, bounded, state_from_prefill, synchronize
 from criticalkv.cache.spec import CacheSpec, bind_spec
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.methods import HeadScoresArg, Method
@@ -60,7 +59,7 @@ class CompressedCache(Cache):
     top-ranked entries (``layer-defensivekv``), the cache holds of each prefilled layer
     only the entries that can still win the joint selection, then selects over all layers jointly:
     the same selection, within ``(b / T + 1 / L)`` x the full cache during the prompt
-    (:mod:`~criticalkv.cache.joint_prefill`). Others (``critical-kvzip``) keep every layer's full
+    (:mod:`~criticalkv.cache.prefill.joint`). Others (``critical-kvzip``) keep every layer's full
     prefill state until the last one, as in the released code. :attr:`prefill_peak_bytes` is the
     most KV held at once while the prompt was compressed.
 
@@ -250,7 +249,7 @@ class CompressedCache(Cache):
 
     def _defer(self, layer: CompressedLayer, state: LayerState) -> None:
         """Cross-layer budgets: hold the layer until the last one (only its candidates, when the
-        selection allows, :mod:`~criticalkv.cache.joint_prefill`), then select over all layers."""
+        selection allows, :mod:`~criticalkv.cache.prefill.joint`), then select over all layers."""
         assert self.budget_tokens is not None
         if bounded(self.method):
             if self._joint is None:

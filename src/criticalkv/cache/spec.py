@@ -15,7 +15,7 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.prefill_state import DEFAULT_WINDOW, check_window
+from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method

@@ -11,7 +11,7 @@ from typing import Any
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache import DecodeBudget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
-from criticalkv.cache.prefill_state import check_window
+from criticalkv.cache.prefill import check_window
 from criticalkv.cache.quantized import KVQuantization, default_group_size, quantization_for
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample

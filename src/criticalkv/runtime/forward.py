@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.capture import CaptureCache
+from criticalkv.cache.prefill import CaptureCache
 from criticalkv.compat import cache_argument
 from criticalkv.prompts import positions
 from criticalkv.runtime.attach import attach

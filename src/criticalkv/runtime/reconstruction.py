@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.reconstruction import ReconstructionCache
+from criticalkv.cache.prefill import ReconstructionCache
 from criticalkv.compat import cache_argument
 from criticalkv.prompts import left_pad, positions, split_prompt
 from criticalkv.runtime.attach import attach

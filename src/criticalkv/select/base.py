@@ -19,7 +19,7 @@ class Selector(ABC):
 
     ``top_ranked``: the selection keeps each head's ``budgets - window`` highest ``scores`` and the
     window, nothing else (top-k, DefensiveKV's ranking). A cross-layer cache then holds, during the
-    prefill, only the entries that can still be among them (:mod:`criticalkv.cache.joint_prefill`).
+    prefill, only the entries that can still be among them (:mod:`criticalkv.cache.prefill.joint`).
     """
 
     needs: ClassVar[Needs] = NOTHING
