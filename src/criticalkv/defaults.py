@@ -7,6 +7,11 @@ it from here and re-export it under its usual name.
 
 from __future__ import annotations
 
+#: the method ``generate``, ``serve``, :func:`criticalkv.generate`, ``CompressedCache`` and the lm-eval
+#: model use when none is named: the guide's choice for general use (docs/methods.md, "Which method to
+#: pick"): on the 20-sample RULER sweep at budget 0.2 it scores 48.7 where the full cache scores 61.2
+#: and critical-adakv, the earlier default, 3.3 (docs/results/ruler-default.md)
+DEFAULT_METHOD = "layer-defensivekv"
 #: the prompt modes (:mod:`criticalkv.runtime.generate`)
 MODES: tuple[str, ...] = ("question-aware", "question-agnostic")
 #: default observation windows: the AdaKV repo (question-aware) and kvpress (question-agnostic)

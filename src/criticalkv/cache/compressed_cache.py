@@ -19,6 +19,7 @@ from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill import DEFAULT_WINDOW, JointPrefill, bounded, state_from_prefill, synchronize
 from criticalkv.cache.spec import CacheSpec, bind_spec
 from criticalkv.cache.tokens import TokenRecord
+from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.methods import HeadScoresArg, Method
 from criticalkv.needs import QueriesNeeded
 from criticalkv.scores.queries import resolve_num_queries
@@ -75,7 +76,7 @@ class CompressedCache(Cache):
     def __init__(
         self,
         num_layers: int,
-        method: str | Method = "critical-adakv",
+        method: str | Method = DEFAULT_METHOD,
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
         decode_budget: int | None = None,
@@ -141,7 +142,7 @@ class CompressedCache(Cache):
     def for_model(
         cls,
         model: Any,
-        method: str | Method = "critical-adakv",
+        method: str | Method = DEFAULT_METHOD,
         budget: Budget = 0.2,
         head_scores: HeadScoresArg = None,
         **kwargs: Any,

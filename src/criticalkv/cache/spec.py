@@ -17,6 +17,7 @@ from criticalkv.budgets.resolve import Budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
+from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.options import OptionTypeError
@@ -51,7 +52,7 @@ class CacheSpec:
     @classmethod
     def of(
         cls,
-        method: str | Method = "critical-adakv",
+        method: str | Method = DEFAULT_METHOD,
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
         *,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from criticalkv.commands.cache_options import add_cache_arguments, spec_from_args
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, read_text_file
-from criticalkv.defaults import DEFAULT_WINDOWS, MODES
+from criticalkv.defaults import DEFAULT_METHOD, DEFAULT_WINDOWS, MODES
 
 if TYPE_CHECKING:
     from criticalkv.runtime import GenerationResult
@@ -24,7 +24,7 @@ HELP = "answer a question about a context with a compressed cache"
 def add_arguments(gen: argparse.ArgumentParser) -> None:
     add_model_arguments(gen)
     gen.add_argument(
-        "--method", type=method_arg, default="critical-adakv", help="the compression method (criticalkv methods)"
+        "--method", type=method_arg, default=DEFAULT_METHOD, help="the compression method (criticalkv methods)"
     )
     gen.add_argument("--budget", type=budget_arg, default=0.2, help="fraction of the prompt (0.2) or tokens (512)")
     gen.add_argument("--context-file", type=Path, required=True, help="UTF-8 text file with the context")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from criticalkv.commands.cache_options import add_cache_arguments, cache_options
 from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
 from criticalkv.commands.inputs import output_folder
+from criticalkv.defaults import DEFAULT_METHOD
 
 NAME = "serve"
 HELP = "serve an OpenAI-compatible API over compressed, stored contexts (see docs/serving.md)"
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--method", type=method_arg, default="critical-adakv", help="the default method")
+    p.add_argument("--method", type=method_arg, default=DEFAULT_METHOD, help="the default method")
     p.add_argument("--methods", type=methods_arg, default=[], help="other methods a request may ask for (a,b,...)")
     p.add_argument("--budget", type=budget_arg, default=0.2, help="the default budget, a fraction of the context")
     p.add_argument("--min-budget", type=float, default=0.01, help="the smallest budget a request may ask for")

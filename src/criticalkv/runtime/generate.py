@@ -16,6 +16,7 @@ from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
 from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
 from criticalkv.compat import cache_argument
+from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.defaults import DEFAULT_WINDOWS as DEFAULT_WINDOWS
 from criticalkv.defaults import MODES as MODES
 from criticalkv.methods import HeadScoresArg, Method
@@ -111,7 +112,7 @@ def generate(
     context: str | Sequence[str],
     question: str | Sequence[str],
     *,
-    method: str | Method = "critical-adakv",
+    method: str | Method = DEFAULT_METHOD,
     budget: Budget = 0.2,
     mode: str = "question-aware",
     window: int | None = None,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from criticalkv.cache.quantized import KVQuantization, quantization_for
+from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.serve.errors import invalid
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -28,7 +29,7 @@ class ServerConfig:
     """
 
     model_name: str = "default"
-    method: str = "critical-adakv"
+    method: str = DEFAULT_METHOD
     budget: float = 0.2
     window: int = 64
     methods: tuple[str, ...] = ()

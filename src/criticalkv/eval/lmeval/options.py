@@ -8,6 +8,7 @@ from typing import Any
 
 from criticalkv.cache import CacheSpec
 from criticalkv.cache.decode import DEFAULT_INTERVAL
+from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.runtime import DEFAULT_WINDOWS
 
 #: the ``--model_args`` the ``criticalkv`` model takes (lm-eval also passes ``max_batch_size``)
@@ -64,7 +65,7 @@ class LMEvalOptions:
             )
         args = {k: _none(v) for k, v in model_args.items()}
         keywords: dict[str, Any] = {
-            "method": str(args.get("method") or "critical-adakv"),
+            "method": str(args.get("method") or DEFAULT_METHOD),
             "budget": args.get("budget", 0.2) if args.get("budget") is not None else 0.2,
             "window": int(args.get("window") or DEFAULT_WINDOW),
             "kv_bits": int(args.get("kv_bits") or 16),
