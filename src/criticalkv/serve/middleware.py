@@ -1,8 +1,12 @@
 """The server's middlewares, pure ASGI: the API key and the body limit.
 
-They pass every message of the request on, the client's ``http.disconnect`` included (Starlette's
-``BaseHTTPMiddleware`` does not), so a route waiting on the model notices a client that hung up
-(:func:`criticalkv.serve.app.until_disconnected`) and stops its work.
+They hand the route the server's own ``receive`` (after a chunked body they have read, the body
+first, then the server's messages), so the client's ``http.disconnect`` reaches a route waiting on
+the model (:func:`criticalkv.serve.app.until_disconnected`), which then stops its work. Unlike
+Starlette's ``BaseHTTPMiddleware`` they start no task per request and write no private attribute
+of Starlette's ``Request`` (the chunked body was put in ``request._body``). (The
+``BaseHTTPMiddleware`` of Starlette 1.10 forwards the disconnect too: the cancellation comes from the
+route's watch; this module only keeps the path from the server to the route plain.)
 """
 
 from __future__ import annotations
