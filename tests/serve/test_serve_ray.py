@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -66,20 +67,39 @@ def _saved_tiny(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _ray_command(model: Path, store: Path, port: int, replicas: int) -> list[str]:
+    return [sys.executable, "-m", "criticalkv.cli", "serve", "--ray", "--replicas", str(replicas), "--replica-cpus",
+            "0.5", "--model", str(model), "--store", str(store), "--port", str(port), "--budget", "0.4", "--window",
+            "8", "--max-new-tokens", str(MAX_NEW), "--methods", "snapkv"]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _until_answering(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    for _ in range(1800):  # bounded: about three minutes on a loaded machine
+        assert process.poll() is None, log.read_text(errors="replace")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the Ray deployment did not answer")
+
+
+@pytest.mark.slow
 def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
     if not HAVE_SERVE:
         pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')")
     model, store, port = _saved_tiny(tmp_path / "tiny"), tmp_path / "store", free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-m", "criticalkv.cli", "serve", "--ray", "--replicas", "2", "--replica-cpus", "0.5",
-               "--model", str(model), "--store", str(store), "--port", str(port), "--budget", "0.4", "--window", "8",
-               "--max-new-tokens", str(MAX_NEW), "--methods", "snapkv"]  # fmt: skip
+    env, command = _env(), _ray_command(model, store, port, replicas=2)
     # the command's log goes to a file: an unread pipe fills up and blocks the process on shutdown
     log = tmp_path / "serve.log"
     with log.open("wb") as sink:
@@ -87,16 +107,7 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
         # ignored, which Python keeps; the command must install its own handler to stop on it
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=sink, preexec_fn=_ignore_sigint)
     try:
-        for _ in range(1800):  # bounded: about three minutes on a loaded machine
-            assert process.poll() is None, log.read_text(errors="replace")
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the Ray deployment did not answer")
+        _until_answering(process, url, log)
         made = _create(url, document(21))
         through_ray = _ask(url, QUESTIONS[0], made["id"], model=str(model))
         # a single server started on the same folder answers the context the deployment stored
@@ -115,6 +126,36 @@ def test_the_command_serves_on_ray_and_shares_its_store(tmp_path: Path) -> None:
         finally:
             if process.poll() is None:
                 process.kill()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_process_the_command_started(tmp_path: Path) -> None:
+    """``criticalkv serve --ray`` started Ray's processes (GCS, raylet, its agents, the replica and
+    the proxy); after SIGTERM the command exits and every process below it is gone (bounded waits)."""
+    if not HAVE_SERVE:
+        pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')")
+    import psutil
+
+    model, store, port = _saved_tiny(tmp_path / "tiny"), tmp_path / "store", free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(_ray_command(model, store, port, replicas=1), env=_env(), stdout=subprocess.DEVNULL,
+                                   stderr=sink, start_new_session=True)  # fmt: skip
+    try:
+        _until_answering(process, f"http://127.0.0.1:{port}", log)
+        started = psutil.Process(process.pid).children(recursive=True)  # the tree while it serves
+        names = sorted({p.name() for p in started if p.is_running()})
+        assert len(started) >= 3, names  # at least the GCS, the raylet and the replica
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+        _, alive = psutil.wait_procs(started, timeout=60)  # bounded: the processes' own exits
+        left = sorted(f"{p.pid} {p.name()}" for p in alive if p.is_running())
+        assert not left, f"left running after SIGTERM: {left}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # whatever a failed run left in its session
 
 
 # --- the Ray Serve deployment (slow: a local cluster, two replicas) -----------------------------

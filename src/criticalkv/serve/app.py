@@ -7,9 +7,8 @@ Every error answers with OpenAI's error body (``{"error": {"message", "type", "p
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,6 +23,7 @@ from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.contexts import PendingContexts, add_context_routes, follow
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
+from criticalkv.serve.middleware import Authentication, BodyLimit
 from criticalkv.serve.schemas import ChatRequest, ContextCreate
 from criticalkv.serve.session import Channel
 from criticalkv.serve.store import new_id
@@ -57,58 +57,40 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(APIError(error.status_code, str(error.detail), type=kind).body(), error.status_code)
 
 
-def _too_large(size: str, limit: int) -> JSONResponse:
-    error = APIError(
-        413,
-        f"the request body has {size} bytes, more than this server accepts ({limit} bytes, --max-body-mib); "
-        "send a shorter document or ask the operator to raise the limit",
-        code="request_too_large",
-    )
-    return JSONResponse(error.body(), status_code=413)
+async def until_disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) has hung up: the server
+    answers the next ``receive`` with ``http.disconnect`` then (or once the response is sent)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
-def _add_body_limit(app: FastAPI, engine: Engine) -> None:
-    """Refuse a body over ``max_body_bytes`` with a 413: by its ``Content-Length`` before reading it,
-    or, sent without one (chunked), as soon as what arrived passes the limit."""
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        limit = engine.config.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            return _too_large(declared, limit)
-        if not declared and request.method in ("POST", "PUT", "PATCH"):
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    return _too_large(f"more than {limit}", limit)
-            request._body = bytes(body)
-        return await call_next(request)
-
-
-def _add_authentication(app: FastAPI, engine: Engine) -> None:
-    """With an API key configured, require ``Authorization: Bearer <key>`` on every route."""
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        key = engine.config.api_key
-        if key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                error = APIError(
-                    401,
-                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    type="authentication_error",
-                    code="invalid_api_key",
-                )
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+async def _outcome_or_hang_up(channel: Channel, request: Request) -> Response:
+    """The stored context's description once its compression ends; if the client hangs up first,
+    the compression is cancelled (it stops at its next layer, nothing is stored) and the answer,
+    which nobody reads, is a 499."""
+    outcome = asyncio.ensure_future(channel.get())
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is stopping
+        channel.cancelled.set()
+        raise
+    finally:
+        outcome.cancel()
+        gone.cancel()
+    if not outcome.done() or outcome.cancelled():
+        channel.cancelled.set()
+        return Response(status_code=499)
+    kind, value = outcome.result()
+    if kind == "error":
+        raise value
+    return JSONResponse(dict(value))
 
 
-async def _create_context(body: ContextCreate, engine: Engine, pending: PendingContexts) -> Response:
+async def _create_context(body: ContextCreate, request: Request, engine: Engine, pending: PendingContexts) -> Response:
     """Check a document, compress it on the engine and answer its context's description (with
-    ``wait`` false: answer 202 with its id at once, the compression going on in the background)."""
+    ``wait`` false: answer 202 with its id at once, the compression going on in the background;
+    blocking, a client that hangs up cancels it)."""
     method, budget, window = engine.config.compression(body.method, body.budget, body.window)
     if not body.text.strip():
         raise invalid("text is empty; send the document to compress", "text")
@@ -131,16 +113,13 @@ async def _create_context(body: ContextCreate, engine: Engine, pending: PendingC
     channel = Channel(asyncio.get_running_loop())
     if not body.wait:
         context_id = new_id()
-        entry = pending.start(context_id, len(ids), method, budget, window)
-        engine.submit_context(ids, method, budget, window, channel, context_id)
+        progress = engine.submit_context(ids, method, budget, window, channel, context_id)
+        entry = pending.start(context_id, len(ids), method, budget, window, progress)
         _BACKGROUND.add(task := asyncio.create_task(follow(channel, pending, context_id)))
         task.add_done_callback(_BACKGROUND.discard)
         return JSONResponse(entry, status_code=202)
     engine.submit_context(ids, method, budget, window, channel)
-    kind, value = await channel.get()
-    if kind == "error":
-        raise value
-    return JSONResponse(dict(value))
+    return await _outcome_or_hang_up(channel, request)
 
 
 #: the tasks following background compressions (held so that they are not garbage-collected)
@@ -161,8 +140,8 @@ def _add_routes(app: FastAPI, engine: Engine, pending: PendingContexts) -> None:
         return await answer(body, engine)
 
     @app.post("/v1/contexts", response_model=None)
-    async def create_context(body: ContextCreate) -> Response:
-        return await _create_context(body, engine, pending)
+    async def create_context(body: ContextCreate, request: Request) -> Response:
+        return await _create_context(body, request, engine, pending)
 
     @app.get("/v1/contexts/{context_id}")
     async def get_context(context_id: str) -> dict[str, Any]:
@@ -191,8 +170,8 @@ def build_app(engine: Engine) -> FastAPI:
 
     app = FastAPI(title="criticalkv", lifespan=lifespan)
     _add_error_handlers(app)
-    _add_body_limit(app, engine)  # inside authentication (the last added runs first)
-    _add_authentication(app, engine)
+    app.add_middleware(BodyLimit, engine=engine)  # inside authentication (the last added runs first)
+    app.add_middleware(Authentication, engine=engine)
     pending = PendingContexts()
     _add_routes(app, engine, pending)
     add_context_routes(app, engine, pending)

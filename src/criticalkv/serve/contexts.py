@@ -2,7 +2,8 @@
 
 ``POST /v1/contexts`` with ``"wait": false`` answers ``202`` at once with the new context's id and
 ``"status": "compressing"``; the compression runs on the engine as a blocking creation's does, and
-``GET /v1/contexts/{id}`` then shows ``compressing`` (with the seconds elapsed), ``failed`` (with
+``GET /v1/contexts/{id}`` then shows ``compressing`` (with the seconds elapsed and the decoder
+layers done, ``layers_done`` of ``layers_total``: :class:`~criticalkv.serve.cancel.Progress`), ``failed`` (with
 the error's message, kept until the id is deleted) or the stored context, ``ready``.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from criticalkv.serve.cancel import Progress
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.session import Channel
@@ -27,12 +29,14 @@ class PendingContexts:
         self._lock = threading.Lock()
         self._entries: dict[str, dict[str, Any]] = {}
 
-    def start(self, context_id: str, tokens: int, method: str, budget: float, window: int) -> dict[str, Any]:
+    def start(
+        self, context_id: str, tokens: int, method: str, budget: float, window: int, progress: Progress
+    ) -> dict[str, Any]:
         entry = {"id": context_id, "object": "context", "status": "compressing", "tokens": tokens}
         entry.update(method=method, budget=budget, window=window, created=int(time.time()), kv_bytes=None)
         with self._lock:
-            self._entries[context_id] = {**entry, "_started": time.monotonic()}
-        return entry
+            self._entries[context_id] = {**entry, "_started": time.monotonic(), "_progress": progress}
+            return _public(self._entries[context_id])
 
     def finish(self, context_id: str) -> None:
         """Stored: the store describes it from now on."""
@@ -67,6 +71,8 @@ def _public(entry: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in entry.items() if not k.startswith("_")}
     if out["status"] == "compressing":
         out["elapsed_s"] = round(time.monotonic() - entry["_started"], 3)
+        progress = entry["_progress"]
+        out.update(layers_done=progress.layers_done, layers_total=progress.layers_total)
     return out
 
 

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from criticalkv.methods import get_method
 from criticalkv.prompts import encode_pair
-from criticalkv.runtime import append_rows, attach, decode_rows, eos_ids, repeat_prompt
+from criticalkv.runtime import append_rows, attach, compresses_in_prefill, decode_rows, eos_ids, repeat_prompt
+from criticalkv.serve.cancel import Cancelled, Progress, cancellable
 from criticalkv.serve.compress import check_methods, compress
 from criticalkv.serve.compressor import Compressor
 from criticalkv.serve.config import ServerConfig
@@ -156,18 +158,30 @@ class Engine:
     # --- submitting work (from the event loop) -----------------------------------------------
     def submit_context(
         self, ids: list[int], method: str, budget: float, window: int, channel: Channel, context_id: str | None = None
-    ) -> None:
+    ) -> Progress:
         """Compress ``ids`` (a context, question-agnostic) and store it (under ``context_id``, or a
-        new id); answers ``("done", info)``."""
+        new id); answers ``("done", info)``, or nothing once ``channel`` is cancelled (the client
+        hung up): the prefill stops at its next layer and nothing is stored. Returns the
+        compression's :class:`~criticalkv.serve.cancel.Progress`, counted as its layers end."""
+        passes = 1 if compresses_in_prefill(get_method(method)) else 2  # KVzip adds its reconstruction pass
+        progress = Progress(self.model.config.num_hidden_layers * passes)
 
         def job() -> None:
             try:
-                entry = self._compress(ids, method, budget, window, context_id)
-                channel.put("done", entry.info())
+                with cancellable(channel.cancelled, progress):
+                    cache = self._compress(ids, method, budget, window)
+                entry = self.store.add(cache, len(ids), method, budget, window, context_id)
+                if channel.cancelled.is_set():  # hung up after the last layer: not kept either
+                    self.store.delete(entry.id)
+                else:
+                    channel.put("done", entry.info())
+            except Cancelled:
+                logger.info("a context's client hung up: compression stopped after %d layers", progress.layers_done)
             finally:
                 self._release()
 
         self.compressor.submit(self._guard(Job(job), channel).run)  # beside the decode steps
+        return progress
 
     def submit_chat(self, work: ChatWork, channel: Channel, session_type: type[Session] = Session) -> None:
         """Answer ``work`` (as a ``session_type``); streams ``("delta", text)`` items, then ``("done", summary)``."""
@@ -215,9 +229,8 @@ class Engine:
 
         return dataclasses.replace(job, run=guarded)
 
-    def _compress(self, ids: list[int], method: str, budget: float, window: int, context_id: str | None) -> Any:
-        cache, _ = compress(self.model, ids, method, budget, window, self.quantization, self.repeat)
-        return self.store.add(cache, len(ids), method, budget, window, context_id)
+    def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
+        return compress(self.model, ids, method, budget, window, self.quantization, self.repeat)[0]
 
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:

@@ -111,6 +111,7 @@ def serve_forever(application: Any, host: str, port: int, address: str = "local"
         ray.init(address=address, include_dashboard=False)
     else:
         ray.init(address=address)
+    _interrupt_on_signals()  # again: Ray's core worker put its own SIGTERM handler, which aborts the driver
     try:
         start(application, host, port)
         while True:
