@@ -56,8 +56,10 @@ class Needs:
         its ``precision`` option sets the dtype of that product.
     prefill_only : the part can only score a prompt's prefill state, not a cache re-selected while
         decoding (decode-time compression keeps the last ``window`` queries of the decode steps
-        and compresses one layer at a time): e.g. scores over every prompt query (H2O) or budgets
-        over all layers jointly. A decode budget with such a method is refused up front.
+        and compresses one layer at a time): e.g. scores over every prompt query (H2O) or over the
+        prompt's reconstruction (KVzip). A decode budget with such a method is refused up front.
+        (Budgets over all layers jointly are not: each layer is re-selected to its share of the
+        decode budget, frozen from the prompt's joint selection.)
     reconstruction : the scores read the attention each prompt entry receives while the model
         repeats the prompt (KVzip's context reconstruction): the runtime teacher-forces a repeat
         prompt after the prompt on the full cache (:func:`criticalkv.runtime.reconstruct`) and

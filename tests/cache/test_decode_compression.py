@@ -22,7 +22,13 @@ from tests.helpers.synthetic_scores import synthetic_head_scores
 #: every registered method that can re-select while decoding
 DECODING = [m for m in ckv.available_methods() if m != "full" and not ckv.get_method(m).needs.prefill_only]
 #: budgets the same for every layer: each layer is held to decode_budget + interval on average
-LAYER_UNIFORM = [m for m in DECODING if m not in ("pyramidkv", "critical-pyramidkv", "headkv", "critical-headkv")]
+LAYER_UNIFORM = [
+    m
+    for m in DECODING
+    if m not in ("pyramidkv", "critical-pyramidkv", "headkv", "critical-headkv") and not ckv.get_method(m).cross_layer
+]
+#: budgets over all layers (layer-defensivekv): each layer is held to its share of the model's decode budget
+JOINT = [m for m in DECODING if ckv.get_method(m).cross_layer]
 _MODELS: dict[str, tuple[PreTrainedModel, PreTrainedModel]] = {}
 
 
@@ -153,6 +159,11 @@ def test_logits_equal_the_reference_masked_by_every_reselection(
         bound = decode_budget + interval + chunk // 2
         for step_held in held:
             assert bool((step_held <= bound + 1e-9).all()), step_held
+    if method in JOINT:
+        # the layers' shares sum to L x decode_budget, so together they hold at most L x (budget + interval)
+        bound = len(cache.compressed_layers) * (decode_budget + interval + chunk // 2)
+        for step_held in held:
+            assert bool((step_held.sum(0) <= bound + 1e-9).all()), step_held
     assert cache.kv_bytes_peak() >= cache.kv_bytes()
 
 
@@ -276,7 +287,7 @@ def test_value_norms_are_computed_once_per_entry(monkeypatch: pytest.MonkeyPatch
         ("snapkv", {"decode_budget": 16.5}, "an int"),
         ("snapkv", {"decode_budget": True}, "an int"),
         ("h2o", {"decode_budget": 16}, "every prompt query"),
-        ("layer-defensivekv", {"decode_budget": 16}, "span all layers"),
+        ("kvzip", {"decode_budget": 16}, "the prompt's reconstruction"),
         ("full", {"decode_budget": 16}, "keeps every entry"),
     ],
 )

@@ -90,7 +90,7 @@ def _config(out: Path, **kw: object) -> SweepConfig:
         out=out,
         tasks=["niah_single_1"],
         lengths=[400],
-        methods=["full", "snapkv", "critical-adakv"],
+        methods=["full", "snapkv", "critical-adakv", "layer-defensivekv"],
         budgets=[0.3],
         samples=1,
         window=WINDOW,
@@ -109,11 +109,11 @@ def test_sweep_under_a_decode_budget_records_the_peak_and_keys_the_identity(tmp_
     assert _config(tmp_path / "x", decode_budget=10).decode_interval == 64  # the default interval
     run_sweep(held, tiny, char_tokenizer())
     records = {r["method"]: r for r in store.read_results(held.out)}
-    assert set(records) == {"full", "snapkv", "critical-adakv"}
+    assert set(records) == {"full", "snapkv", "critical-adakv", "layer-defensivekv"}
     layer = tiny.model.layers[0].self_attn
     heads, dim, layers = tiny.config.num_key_value_heads, layer.head_dim, tiny.config.num_hidden_layers
     entry = 2 * dim * 4 * heads * layers  # float32 keys and values of one position in every head and layer
-    for name in ("snapkv", "critical-adakv"):
+    for name in ("snapkv", "critical-adakv", "layer-defensivekv"):  # the last: each layer at its joint share
         r = records[name]
         assert (r["decode_budget"], r["decode_interval"], r["batch_rows"]) == (10, 4, 1)
         # the prompt is compressed to at most the decode budget and the tail sized to the interval:
@@ -149,7 +149,8 @@ def test_eval_command_with_a_decode_budget(
 ) -> None:
     out = tmp_path / "run"
     common = ["eval", "--model", str(tiny_folder), "--tasks", "niah_single_1", "--lengths", "400", "--samples", "1"]
-    common += ["--methods", "full,snapkv", "--budgets", "0.3", "--window", str(WINDOW), "--max-new-tokens", "8"]
+    common += ["--methods", "full,snapkv,layer-defensivekv", "--budgets", "0.3", "--window", str(WINDOW)]
+    common += ["--max-new-tokens", "8"]
     assert main([*common, "--decode-budget", "2", "--out", str(out)]) == 2
     assert "--decode-budget 2 is below the observation window" in capsys.readouterr().err
     assert not out.exists()
@@ -157,7 +158,7 @@ def test_eval_command_with_a_decode_budget(
     identity = json.loads((out / "run.json").read_text())["identity"]
     assert (identity["decode_budget"], identity["decode_interval"]) == (12, 4)
     records = store.read_results(out)
-    assert {r["method"] for r in records} == {"full", "snapkv"}
+    assert {r["method"] for r in records} == {"full", "snapkv", "layer-defensivekv"}
     assert all(r["decode_budget"] == 12 and r["kv_bytes_peak"] > 0 for r in records)
     # another decode budget is another run: refused before the model loads
     assert main([*common, "--decode-budget", "16", "--decode-interval", "4", "--out", str(out)]) == 2

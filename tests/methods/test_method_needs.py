@@ -23,7 +23,7 @@ def test_every_registered_method_declares_what_it_needs() -> None:
     assert needs["headkv"] == Needs(head_scores=True)
     assert needs["critical-headkv"] == Needs(head_scores=True, value_norms=True)
     assert needs["defensivekv"] == Needs(ranks=True, value_norms=True)
-    assert needs["layer-defensivekv"] == Needs(cross_layer=True, ranks=True, value_norms=True, prefill_only=True)
+    assert needs["layer-defensivekv"] == Needs(cross_layer=True, ranks=True, value_norms=True)
     assert needs["expected-attention"].queries == ALL_QUERIES and needs["expected-attention"].prefill_only
 
 

@@ -16,7 +16,8 @@ from tests.helpers.tiny_tokenizer import char_tokenizer
 CONTEXT = "The quick brown fox jumps over the lazy dog. " * 3
 
 
-def test_generate_holds_the_decode_budget() -> None:
+@pytest.mark.parametrize("method", ["snapkv", "layer-defensivekv"])
+def test_generate_holds_the_decode_budget(method: str) -> None:
     model, tokenizer = make_tiny("llama"), char_tokenizer()
     kwargs = {"window": 4, "max_new_tokens": 80, "min_new_tokens": 80, "chat": False}
     bounded = ckv.generate(
@@ -24,14 +25,14 @@ def test_generate_holds_the_decode_budget() -> None:
         tokenizer,
         [CONTEXT, CONTEXT[:90]],
         ["Who?", "What jumps?"],
-        method="snapkv",
+        method=method,
         budget=1.0,
         decode_budget=16,
         decode_interval=8,
         **kwargs,
     )
     plain = ckv.generate(
-        model, tokenizer, [CONTEXT, CONTEXT[:90]], ["Who?", "What jumps?"], method="snapkv", budget=1.0, **kwargs
+        model, tokenizer, [CONTEXT, CONTEXT[:90]], ["Who?", "What jumps?"], method=method, budget=1.0, **kwargs
     )
     assert bounded.decode_budget == 16 and bounded.decode_interval == 8
     assert plain.decode_budget is None and plain.kv_bytes_peak == plain.kv_bytes_final
@@ -60,7 +61,7 @@ def test_generate_refuses_bad_decode_options(options: dict[str, object], message
     [
         (["--decode-budget", "8"], "--decode-budget 8 is below the observation window (32 tokens)"),
         (["--decode-budget", "64", "--decode-interval", "0"], "--decode-interval must be a positive number"),
-        (["--decode-budget", "64", "--method", "layer-defensivekv"], "budgets span all layers"),
+        (["--decode-budget", "64", "--method", "kvzip"], "its scores read the prompt's reconstruction"),
         (["--decode-budget", "64", "--method", "full"], "keeps every entry"),
         (["--min-new-tokens", "40"], "--min-new-tokens must be between 0 and --max-new-tokens"),
     ],

@@ -32,10 +32,11 @@ class CrossLayerAllocator(Allocator):
     ``joint`` takes every layer's (B, H_kv, T) scores and state and returns, per layer, the
     (B, H_kv) budgets; together they sum to ``L * H_kv * budget`` per row. The caches hand it
     every layer at once (:meth:`criticalkv.methods.Method.keep_masks`). Decode-time compression
-    re-selects one layer at a time, so it refuses these budgets (``prefill_only``).
+    re-selects one layer at a time, each to its share of the decode budget frozen from the prompt's
+    joint selection (:mod:`criticalkv.cache.decode.shares`).
     """
 
-    needs: ClassVar[Needs] = Needs(cross_layer=True, prefill_only=True)
+    needs: ClassVar[Needs] = Needs(cross_layer=True)
 
     @abstractmethod
     def joint(

@@ -257,7 +257,9 @@ class CompressedCache(Cache):
                 self._joint = JointPrefill(self.method, self.num_layers)
             done = self._joint.add(layer, state, self.budget_tokens)
             self._note_prefill_bytes(state, 0 if done else self._joint.high_water)
-            self._joint = None if done else self._joint
+            if done:
+                self._start_decode(self._joint.stored)
+                self._joint = None
             return
         self._deferred[layer.layer_idx] = (layer, state)
         deferred = sum(_kv_bytes(s) for _, s in self._deferred.values())
@@ -280,6 +282,12 @@ class CompressedCache(Cache):
         for (layer, state), keep in zip(pairs, keeps, strict=True):
             layer.set_prefix(state.keys, state.values, keep)
         logger.debug("%s: compressed %d layers jointly", self.method.name, len(pairs))
+        self._start_decode(pairs)
+
+    def _start_decode(self, layers: Sequence[tuple[CompressedLayer, LayerState]]) -> None:
+        """Under a decode budget, hand the jointly selected layers to it, each at its share."""
+        if self.decode is not None:
+            self.decode.after_joint_prefill(layers)
 
     # --- reuse -----------------------------------------------------------------------------------
     def fork(self) -> CompressedCache:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from criticalkv.cache.decode.reselect import kept_in_order, reselect, tail_entries
+from criticalkv.cache.decode.shares import joint_shares
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.defaults import DEFAULT_INTERVAL as DEFAULT_INTERVAL
 from criticalkv.methods import Method
@@ -62,10 +64,14 @@ def check_decode_budget(method: Method, window: int, budget: object, interval: o
             name=method.name,
         )
     if method.needs.prefill_only:
-        why = "its budgets span all layers" if method.needs.cross_layer else "its scores read every prompt query"
+        why = (
+            "its scores read the prompt's reconstruction"
+            if method.needs.reconstruction
+            else "its scores read every prompt query"
+        )
         raise OptionError(
             "method {name!r} cannot re-select while decoding ({why}; decode-time compression keeps "
-            "only the last window of queries and re-selects one layer at a time); use it without a "
+            "only the last window of queries); use it without a "
             "<decode_budget>, or pick another <method> (e.g. snapkv, critical-adakv, defensivekv)",
             name=method.name,
             why=why,
@@ -82,6 +88,7 @@ class LayerDecode:
     prompt_width: int  # padded prompt length (logical positions before the first appended token)
     prefix_norms: torch.Tensor | None  # (S, L) value norms of the prefix entries, segment order
     prefix_avg: list[float]  # prefix entries per KV head on average
+    budget: list[int]  # entries per KV head on average a re-selection brings the layer back to
     threshold: list[float]  # re-select once the held average exceeds this
     tail_valid: list[torch.Tensor] = field(default_factory=list)  # each (B, q) bool
     tail_counts: list[int] = field(default_factory=list)  # real tail entries per row
@@ -125,14 +132,34 @@ class DecodeCompression:
         norms = None
         if self.norm_p is not None:
             norms = kept_in_order(self._state_norms(state), layer.keep, layer)
-        avg = layer.prefix_lengths().double().mean(-1).tolist()
+        self._track(layer, state, norms, [self.budget] * layer.batch_size)
+
+    def after_joint_prefill(self, layers: Sequence[tuple[CompressedLayer, LayerState]]) -> None:
+        """Start tracking every layer once a cross-layer selection has stored them all: each layer's
+        budget is its share of ``L * budget`` from the prompt's selection (:mod:`.shares`).
+
+        The states may lack keys and values (a bounded joint prefill holds only their shapes), so the
+        value norms are those of the stored entries."""
+        held = torch.stack([layer.prefix_lengths().double().mean(-1) for layer, _ in layers])
+        shares = joint_shares(held, self.budget, self.window)
+        logger.debug("decode shares per layer (row 0): %s", shares[:, 0].tolist())
+        for (layer, state), share in zip(layers, shares, strict=True):
+            norms = None
+            if self.norm_p is not None:
+                values = layer.storage.dense_prefix()[1]
+                per_head = values.view(layer.batch_size, layer.num_kv_heads, *values.shape[1:])
+                norms = self._norms(per_head, state.module).flatten(0, 1)
+            self._track(layer, state, norms, share.tolist())
+
+    def _track(self, layer: CompressedLayer, state: LayerState, norms: torch.Tensor | None, budget: list[int]) -> None:
         self.layers[layer.layer_idx] = LayerDecode(
             module=state.module,
             queries=state.queries[:, :, -self.window :].clone(),  # frees the prefill's query tensor
             prompt_width=state.seq_len,
             prefix_norms=norms,
-            prefix_avg=avg,
-            threshold=[float(self.budget + self.interval)] * layer.batch_size,
+            prefix_avg=layer.prefix_lengths().double().mean(-1).tolist(),
+            budget=budget,
+            threshold=[float(b + self.interval) for b in budget],
             tail_counts=[0] * layer.batch_size,
         )
         self._limit_tail(layer, self.layers[layer.layer_idx])
@@ -177,7 +204,7 @@ class DecodeCompression:
         result = reselect(
             layer,
             self.method,
-            self.budget,
+            torch.tensor(track.budget, device=track.queries.device),
             queries=track.queries,
             tail_valid=torch.cat(track.tail_valid, dim=1),
             module=track.module,

@@ -90,7 +90,7 @@ class Reselection:
 def reselect(
     layer: CompressedLayer,
     method: Method,
-    budget: int,
+    budget: int | torch.Tensor,
     *,
     queries: torch.Tensor,
     tail_valid: torch.Tensor,
@@ -100,8 +100,9 @@ def reselect(
     norms: torch.Tensor | None = None,
     norms_key: Any = None,
 ) -> Reselection:
-    """Re-select ``layer`` to ``budget`` entries per KV head on average (the method's own budget rule)
-    and store the kept entries as its new prefix, in position order; the tail becomes empty.
+    """Re-select ``layer`` to ``budget`` entries per KV head on average (an int, or (B,) one per batch
+    row; the method's own budget rule) and store the kept entries as its new prefix, in position
+    order; the tail becomes empty.
 
     ``queries`` (B, H_q, window, d) are the most recent queries; ``norms`` (S, L + t) the projected
     value norms of the physical entries (memoised for the selection under ``norms_key``).
@@ -123,7 +124,8 @@ def reselect(
         memo=memo,
         present=layout.present,
     )
-    per_row = torch.clamp(state.lengths, max=budget)  # a row holding less keeps all of it
+    cap = torch.as_tensor(budget, device=state.lengths.device)
+    per_row = torch.minimum(state.lengths, cap)  # a row holding less keeps all of it
     keep = method.keep_mask(state, per_row) & layout.present
     layer.set_prefix(state.keys, state.values, keep, logical_len=layout.logical_len)
     logical = torch.zeros(*keep.shape[:2], layout.logical_len, dtype=torch.bool, device=keep.device)

@@ -90,6 +90,8 @@ class JointPrefill:
         self.high_water = 0
         #: entries dropped so far (below the running threshold when their layer came, or later)
         self.dropped = 0
+        #: once every layer is stored: each layer and its state without keys and values, in layer order
+        self.stored: list[tuple[CompressedLayer, LayerState]] = []
 
     def held_bytes(self) -> int:
         """Bytes of keys and values the candidates occupy now."""
@@ -173,6 +175,7 @@ class JointPrefill:
                 raise RuntimeError(f"layer {held.layer.layer_idx}: the joint selection chose an entry that was dropped")
             keys, values = self._restore(held)
             held.layer.set_prefix(keys, values, keep)
+            self.stored.append((held.layer, held.meta))
         logger.debug("%s: compressed %d layers jointly from their candidates", self.method.name, len(order))
 
     def _restore(self, held: _Held) -> tuple[torch.Tensor, torch.Tensor]:
