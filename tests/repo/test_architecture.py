@@ -125,8 +125,9 @@ def test_functions_are_short() -> None:
     )
 
 
-#: where what a method needs from the prefill is read: the cache, the Needs type and compress_prompt
-NEEDS_READERS = ("criticalkv.cache", "criticalkv.needs", "criticalkv.runtime.compress")
+#: where what a method needs from the prefill is read: the cache, the Needs type and compress_prompt, and
+#: the vLLM plugin's options (vLLM runs that prefill: the plugin says which needs it can capture there)
+NEEDS_READERS = ("criticalkv.cache", "criticalkv.needs", "criticalkv.runtime.compress", "criticalkv.vllm.options")
 
 
 def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from criticalkv.budgets.resolve import Budget, validate_budget
+import torch
+
+from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
@@ -94,6 +96,18 @@ class CacheSpec:
     def kv_bits(self) -> int:
         """The storage precision: 16 (the model's dtype) or the quantized bit width."""
         return 16 if self.storage is None else self.storage.bits
+
+    def entries_per_head(self, tokens: int) -> int | None:
+        """Entries each KV head keeps of a ``tokens``-token prompt, or ``None`` when this spec leaves
+        such a prompt whole: the full cache, or a budget that cannot hold the observation window
+        (or asks for more tokens than the prompt has)."""
+        if not self.method.compresses:
+            return None
+        try:
+            per_head = int(resolve_budget(self.budget, torch.tensor([tokens]), self.window)[0])
+        except ValueError:
+            return None
+        return per_head if per_head < tokens else None
 
     def with_method(self, method: Method) -> CacheSpec:
         """The same spec for ``method`` (e.g. the method bound to a model)."""
