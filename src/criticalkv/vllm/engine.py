@@ -62,6 +62,14 @@ def check_engine(vllm_config: Any) -> PluginOptions:
     for name, (value, why) in REQUIRED.items():
         if settings[name] != value:
             raise ValueError(f"criticalkv's vLLM plugin needs {why}")
+    device = str(getattr(vllm_config.device_config, "device_type", "cpu"))
+    if device != "cpu":
+        raise ValueError(
+            f"criticalkv's vLLM plugin runs on vLLM's CPU attention backend only, not on {device} "
+            "(docs/vllm.md, Limits)"
+        )
+    if str(vllm_config.cache_config.cache_dtype) != "auto":
+        raise ValueError("criticalkv's vLLM plugin stores the model's dtype: start without --kv-cache-dtype")
     if vllm_config.speculative_config is not None:
         raise ValueError("criticalkv's vLLM plugin does not run with speculative decoding; start without it")
     parallel = vllm_config.parallel_config
