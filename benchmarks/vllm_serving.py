@@ -142,48 +142,64 @@ def run_ours(config: str, levels: list[int], python: str) -> list[dict[str, Any]
 
 
 def ours_level(base: str, config: str, level: int, batch: list[list[int]]) -> dict[str, Any]:
+    """``criticalkv serve`` streams chat answers only, so each prompt (token ids) goes to
+    ``/v1/completions`` whole; time to first token is the server's own (admission to first token,
+    from ``/metrics``: the mean over the level's requests), tokens come from each answer's usage."""
     import asyncio
 
     import httpx
 
-    first: dict[str, float] = {}
     peak = {"kv": 0.0, "rows": 0.0}
 
-    async def one(client: httpx.AsyncClient, key: str, ids: list[int]) -> int:
-        body = {"model": "default", "prompt": ids, "max_tokens": ANSWER, "temperature": 0, "stream": True}
-        count = 0
-        async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=3600) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    first.setdefault(key, time.perf_counter())
-                    count += 1
-        return count
+    def scrape(text: str) -> dict[str, float]:
+        found = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.split()[:2]
+                found[name] = float(value)
+        return found
+
+    async def one(client: httpx.AsyncClient, ids: list[int]) -> int:
+        body = {"model": "default", "prompt": ids, "max_tokens": ANSWER, "temperature": 0}
+        response = await client.post(f"{base}/v1/completions", json=body, timeout=3600)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
 
     async def watch(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            text = (await client.get(f"{base}/metrics", timeout=30)).text
-            for line in text.splitlines():
-                if line.startswith("criticalkv_rows_kv_bytes "):
-                    peak["kv"] = max(peak["kv"], float(line.split()[-1]))
-                if line.startswith("criticalkv_decode_rows_last "):
-                    peak["rows"] = max(peak["rows"], float(line.split()[-1]))
+            metrics = scrape((await client.get(f"{base}/metrics", timeout=30)).text)
+            peak["kv"] = max(peak["kv"], metrics.get("criticalkv_rows_kv_bytes", 0.0))
+            peak["rows"] = max(peak["rows"], metrics.get("criticalkv_decode_rows_last", 0.0))
             await asyncio.sleep(0.5)
 
-    async def main() -> tuple[float, float, int]:
+    async def main() -> tuple[float, float, int, dict[str, float], dict[str, float]]:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
+            before = scrape((await client.get(f"{base}/metrics")).text)
             stop = asyncio.Event()
             watcher = asyncio.create_task(watch(client, stop))
             started = time.perf_counter()
-            counts = await asyncio.gather(*(one(client, f"{level}.{i}", ids) for i, ids in enumerate(batch)))
+            counts = await asyncio.gather(*(one(client, ids) for ids in batch))
             done = time.perf_counter()
             stop.set()
             await watcher
-            return started, done, sum(counts)
+            after = scrape((await client.get(f"{base}/metrics")).text)
+            return started, done, sum(counts), before, after
 
-    started, done, tokens = asyncio.run(main())
-    row = summary(config, level, started, first, done, tokens)
-    return row | {"running_max": int(peak["rows"]), "kv_peak_bytes": int(peak["kv"])}
+    started, done, tokens, before, after = asyncio.run(main())
+    key = "criticalkv_time_to_first_token_seconds"
+    mean = (after[f"{key}_sum"] - before[f"{key}_sum"]) / max(1.0, after[f"{key}_count"] - before[f"{key}_count"])
+    return {
+        "config": config,
+        "concurrency": level,
+        "ttft_median_s": round(mean, 3),
+        "ttft_max_s": None,
+        "ttft_note": "server-side mean (admission to first token)",
+        "tokens_per_s": round(tokens / (done - started), 3),
+        "wall_s": round(done - started, 2),
+        "tokens": tokens,
+        "running_max": int(peak["rows"]),
+        "kv_peak_bytes": int(peak["kv"]),
+    }
 
 
 # --- the whole comparison -------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def run_phase(llm: Any, core: Any, phase: dict[str, Any], tag: str) -> dict[str,
             if output.finished:
                 tokens[output.request_id] = list(output.outputs[0].token_ids)
         steps.append(_step_record(core))
-    return {"tokens": [tokens[f"{tag}.{i}"] for i in range(len(prompts))], "steps": steps}
+    free = core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    return {"tokens": [tokens[f"{tag}.{i}"] for i in range(len(prompts))], "steps": steps, "free_after": free}
 
 
 def _step_record(core: Any) -> dict[str, Any]:
@@ -77,6 +78,7 @@ def _step_record(core: Any) -> dict[str, Any]:
             "computed": request.num_computed_tokens,
             "prompt": request.num_prompt_tokens,
             "blocks": sum(not block.is_null for block in blocks),
+            "preemptions": request.num_preemptions,
         }
     return {
         "free": manager.block_pool.get_num_free_blocks(),

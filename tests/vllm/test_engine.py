@@ -111,8 +111,11 @@ def snapkv(
 
 @pytest.fixture(scope="module")
 def critical(tmp_path_factory: pytest.TempPathFactory, folder: str, prompts: list[list[int]]) -> Any:
+    """critical-snapkv with prompts prefilled in chunks of 256 tokens (vLLM's chunked prefill): the
+    keys, values and window queries the plugin captures span several steps."""
     phases = [{"prompts": prompts, "max_tokens": ANSWER}]
-    return run_engine(tmp_path_factory.mktemp("critical"), folder, _plugin("critical-snapkv"), phases)
+    tmp = tmp_path_factory.mktemp("critical")
+    return run_engine(tmp, folder, _plugin("critical-snapkv"), phases, max_num_batched_tokens=256)
 
 
 def test_full_method_through_the_plugin_equals_plain_vllm(
@@ -215,3 +218,20 @@ def test_a_wrong_option_stops_the_engine_with_one_sentence(tmp_path: Path, folde
     assert "'adakv' cannot run inside vLLM: its budgets vary over KV heads or layers" in err
     err = _start_fails(tmp_path, folder, **worker, enable_prefix_caching=True, additional_config={"criticalkv": {}})
     assert "criticalkv's vLLM plugin needs prefix caching off (--no-enable-prefix-caching)" in err
+
+
+def test_preempted_requests_are_compressed_again_and_every_block_comes_back(
+    tmp_path: Path, folder: str, long_prompts: list[list[int]]
+) -> None:
+    """A pool of 30 blocks of 32 tokens: three compressed 600-token requests outgrow it while they
+    decode, vLLM preempts one, prefills its prompt and answer again later, and the plugin compresses
+    that prefill again. Every request finishes, and every block is back in the pool."""
+    prompts = [ids[:600] for ids in long_prompts[:3]]
+    phases = [{"prompts": prompts, "max_tokens": 300}]
+    engine = {"block_size": 32, "max_model_len": 928, "kv_cache_memory_bytes": 30 * 32 * 30 * 2 * 3 * 64 * 4}
+    run = run_engine(tmp_path, folder, _plugin("snapkv"), phases, **engine)
+    steps = run["phases"][0]["steps"]
+    assert max(r["preemptions"] for step in steps for r in step["held"].values()) >= 1
+    assert all(len(tokens) == 300 for tokens in run["phases"][0]["tokens"])
+    assert run["phases"][0]["free_after"] == run["total_blocks"]
+    assert run["stats"]["compressed"] > len(prompts)  # the preempted request was compressed twice

@@ -3,15 +3,19 @@ the official ``openai`` client on 127.0.0.1 (needs vLLM: ``make test-vllm``)."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("vllm")
@@ -68,6 +72,38 @@ def test_the_server_answers_with_the_compressed_cache(server: Any) -> None:
     expected = greedy_tokens(model, ids, "snapkv", 0.2, 32, 16)
     assert reply.choices[0].text == tokenizer.decode(expected)
     assert "criticalkv: compressing every prompt with" in log.read_text()
+
+
+def _usage(base: str) -> tuple[float, float, int]:
+    """(running requests, KV cache usage, blocks in vLLM's pool) from vLLM's /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    running = float(re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M).group(1))  # type: ignore[union-attr]
+    usage = float(re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} (\S+)", text, re.M).group(1))  # type: ignore[union-attr]
+    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', text).group(1))  # type: ignore[union-attr]
+    return running, usage, blocks
+
+
+def test_a_decoding_request_holds_only_its_kept_blocks(server: Any) -> None:
+    """Read from vLLM's own /metrics (its engine core runs in a process of its own here): while one
+    compressed request decodes, the pool's usage is that of its kept entries, not of its prompt."""
+    client, _, _ = server
+    base = str(client.base_url).removesuffix("/v1/")
+    ids = list(range(1000, 1800))  # 800 tokens: 7 blocks of 128 whole, kept 160: 2 blocks
+    answer = threading.Thread(
+        target=lambda: client.completions.create(
+            model="smollm2", prompt=ids, max_tokens=120, temperature=0, extra_body={"ignore_eos": True}
+        )
+    )
+    answer.start()
+    samples = []
+    while answer.is_alive():
+        samples.append(_usage(base))
+        time.sleep(0.2)
+    answer.join()
+    decoding = [usage * blocks for running, usage, blocks in samples if running == 1 and usage > 0]
+    assert decoding, "no sample while the request ran"
+    kept = math.ceil((160 + 120) / 128) + 1
+    assert min(decoding) <= kept + 0.01 < 7
 
 
 def test_sigterm_stops_the_server(server: Any) -> None:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW
 from criticalkv.vllm.options import DEFAULT_BUDGET, DEFAULT_VLLM_METHOD, PluginOptions
-
-logger = logging.getLogger(__name__)
 
 #: the worker class vLLM is told to use (``--worker-cls``)
 WORKER_CLS = "criticalkv.vllm.worker.CriticalKVWorker"
@@ -78,5 +75,4 @@ def check_engine(vllm_config: Any) -> PluginOptions:
             "criticalkv's vLLM plugin runs one worker (tensor and pipeline parallel size 1): it reads each "
             "layer's whole output projection"
         )
-    logger.info("criticalkv: compressing every prompt with %s", options.text())
     return options

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from criticalkv.vllm import runner as compressing
 from criticalkv.vllm.engine import check_engine
 from criticalkv.vllm.options import PluginOptions
+
+#: under vLLM's logger, which vLLM configures in every process it starts: the start line shows in its log
+logger = init_logger("vllm.criticalkv")
 
 
 class CriticalKVWorker(CPUWorker):
@@ -21,6 +25,7 @@ class CriticalKVWorker(CPUWorker):
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         self.criticalkv_options: PluginOptions = check_engine(vllm_config)
+        logger.info("criticalkv: compressing every prompt with %s", self.criticalkv_options.text())
         super().__init__(vllm_config, *args, **kwargs)
 
     def init_device(self) -> None:
