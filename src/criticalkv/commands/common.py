@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +24,27 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 class UsageError(Exception):
     """A problem with the command line that the user can fix (exit status 2)."""
+
+
+def require_extra(command: str, extra: str, *modules: str) -> None:
+    """Refuse ``command`` in one sentence naming ``extra`` if any of ``modules`` is not installed.
+
+    Called first thing in an optional command's ``run``, before any model loads (nothing is imported:
+    the modules are only looked up).
+    """
+    missing = [name for name in modules if _absent(name)]
+    if missing:
+        raise UsageError(
+            f"criticalkv {command} needs the [{extra}] extra ({', '.join(missing)} not installed): "
+            f"pip install -e '.[{extra}]' (in a clone; or: pip install 'criticalkv[{extra}]')"
+        )
+
+
+def _absent(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a parent package missing, or a module left half-imported
+        return True
 
 
 def budget_arg(text: str) -> Budget:

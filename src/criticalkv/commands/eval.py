@@ -8,7 +8,14 @@ from typing import Any
 
 from criticalkv.commands import scale
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
-from criticalkv.commands.common import UsageError, add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.common import (
+    UsageError,
+    add_model_arguments,
+    budgets_arg,
+    ints_arg,
+    methods_arg,
+    require_extra,
+)
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 from criticalkv.defaults import MODES, NORM_PRECISIONS
 
@@ -87,9 +94,13 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.eval.report import build_report
     from criticalkv.eval.store import check_run
 
+    if args.ray is not None:
+        require_extra("eval --ray", "ray", "ray")
+    require_matplotlib()  # the report's plots: one sentence now, not after the sweep
     output_folder(args.out, "--out")  # a file, an unwritable folder: a sentence before any work
     tasks = None if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == [] and not args.dataset:

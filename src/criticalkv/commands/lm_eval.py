@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from criticalkv.commands.common import UsageError
+from criticalkv.commands.common import UsageError, require_extra
 
 NAME = "lm-eval"
 HELP = "run lm-evaluation-harness with the criticalkv model registered (arguments are lm-eval's)"
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("lm-eval", "lm-eval", "lm_eval")  # --help included: lm-eval prints it
     try:
         from lm_eval.__main__ import cli_evaluate
 

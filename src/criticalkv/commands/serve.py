@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from criticalkv.commands.cache_options import add_cache_arguments, cache_options
-from criticalkv.commands.common import UsageError, add_model_arguments, budget_arg, method_arg, methods_arg
+from criticalkv.commands.common import (
+    UsageError,
+    add_model_arguments,
+    budget_arg,
+    method_arg,
+    methods_arg,
+    require_extra,
+)
 from criticalkv.commands.inputs import output_folder
 from criticalkv.defaults import DEFAULT_METHOD
 
@@ -57,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        require_extra("serve --ray", "ray-serve", "fastapi", "uvicorn", "ray")
+    require_extra("serve", "serve", "fastapi", "uvicorn")  # one sentence, before the model loads
     from criticalkv.serve import Engine, ServerConfig, build_app, check_binding
     from criticalkv.serve.errors import APIError
 
