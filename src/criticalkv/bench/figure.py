@@ -17,15 +17,21 @@ def _label(impl: str, method: str) -> str:
 def _decode_panel(ax: Any, rows: list[dict[str, Any]], shown: float) -> None:
     """Decode ms/token against context length per (impl, method); bars per method when there is one length."""
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    slowest: dict[tuple[str, str, int], float] = {}  # the slowest round: the bar's or point's whisker
     for r in rows:
         if r["method"] == "full" or r["budget"] == shown:
             series.setdefault((r["impl"], method_label(r)), []).append((r["context_tokens"], r["decode_ms_per_token"]))
+            slowest[(r["impl"], method_label(r), r["context_tokens"])] = max(
+                r.get("decode_ms_rounds") or [r["decode_ms_per_token"]]
+            )
     lengths = sorted({n for points in series.values() for n, _ in points})
     names = sorted(series)
     if len(lengths) == 1:  # one context length: a bar per method, not a column of dots
         for i, (impl, method) in enumerate(names):
             style = method_style(method)
-            ax.bar(i, series[(impl, method)][0][1], color=style["color"], hatch="//" if impl == "kvpress" else None)
+            best = series[(impl, method)][0][1]
+            ax.bar(i, best, color=style["color"], hatch="//" if impl == "kvpress" else None)
+            ax.errorbar(i, best, yerr=[[0.0], [slowest[(impl, method, lengths[0])] - best]], color="black", capsize=3)
         ax.set_xticks(range(len(names)), [_label(*n) for n in names], rotation=30, ha="right", fontsize=7)
         ax.set_xlabel(f"method ({lengths[0]} context tokens)")
     else:
@@ -35,9 +41,18 @@ def _decode_panel(ax: Any, rows: list[dict[str, Any]], shown: float) -> None:
             if impl == "kvpress":
                 style = {**style, "linestyle": (0, (1, 1))}
             ax.plot([p[0] for p in points], [p[1] for p in points], label=_label(impl, method), **style)
+            whiskers = [slowest[(impl, method, n)] - ms for n, ms in points]
+            ax.errorbar(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                yerr=[[0.0] * len(points), whiskers],
+                fmt="none",
+                ecolor=style["color"],
+                capsize=3,
+            )
         ax.set_xlabel("context tokens")
         ax.legend(fontsize=7)
-    ax.set_ylabel("decode ms / token")
+    ax.set_ylabel("decode ms / token (fastest round; whisker: slowest)")
     ax.set_title(f"decode latency (budget {shown:g}; full = no eviction)")
     ax.grid(alpha=0.3)
 

@@ -59,6 +59,19 @@ def _speedup(reference: dict[str, Any] | None, r: dict[str, Any]) -> float | Non
     )
 
 
+def speedup_rounds(reference: dict[str, Any] | None, r: dict[str, Any]) -> tuple[float, float] | None:
+    """The lowest and highest of the round-by-round decode speed-ups of ``r`` over ``reference``
+    (``decode_ms_rounds``, paired by round: the runs were interleaved); ``None`` with fewer than two
+    rounds on either side or a different number of rounds."""
+    if reference is None or reference is r:
+        return None
+    ours, theirs = r.get("decode_ms_rounds") or [], reference.get("decode_ms_rounds") or []
+    if len(ours) < 2 or len(ours) != len(theirs) or not all(ours):
+        return None
+    ratios = [b / a for a, b in zip(ours, theirs, strict=True)]
+    return min(ratios), max(ratios)
+
+
 def token_match(full: dict[str, Any] | None, r: dict[str, Any]) -> float | None:
     """The share of ``r``'s greedy tokens equal to the full cache's at the same step of the same
     row (``None`` where either has none, or for the full cache itself): 1.00 = the same text."""
@@ -88,6 +101,7 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row = dict(r)
         full = index.get(_key(r, impl="criticalkv", method="full", budget=1.0, decode_budget=None, **_UNQUANTIZED))
         row["decode_speedup_vs_full"] = _speedup(full, r)
+        row["decode_speedup_vs_full_range"] = speedup_rounds(full, r)
         row["token_match"] = token_match(full, r)
         other = index.get(_key(r, impl="kvpress")) if r["impl"] == "criticalkv" else None
         row["decode_speedup_vs_kvpress"] = _speedup(other, r)
@@ -117,17 +131,37 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+#: what the table's ``spread`` column is, and why a ``vs full`` cell can read ``?``
+SPREAD = (
+    "spread: the lowest-highest decode speed-up over the full cache across the interleaved repeats (round i "
+    "of each method against round i of the full cache); 'vs full' reads '?' where the spread crosses 1.00x: "
+    "which is faster is not settled on this machine at this load"
+)
+
+
+def _vs_full(r: dict[str, Any]) -> tuple[str, str]:
+    """The ``vs full`` and ``spread`` cells: the ratio of the fastest times, ``?`` where the rounds
+    disagree on which is faster."""
+    spread = r.get("decode_speedup_vs_full_range")
+    if spread is None:
+        return _ratio(r["decode_speedup_vs_full"]), "-"
+    low, high = spread
+    ratio = "?" if low < 1.0 < high else _ratio(r["decode_speedup_vs_full"])
+    return ratio, f"{low:.2f}-{high:.2f}"
+
+
 def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
     """A fixed-width table, one line per record, then ``notes`` (why a kvpress pair is missing).
 
     ``KV MB`` is what the cache holds right after compression, ``KV peak`` the most at any decode
     step and ``KV final`` after the last; ``bits`` the bits per element held after compression; ``vs
     16b`` the decode speed over the same row unquantized; ``match`` the share of greedy tokens equal
-    to the full cache's; ``kvpress`` the press beside the row."""
+    to the full cache's; ``kvpress`` the press beside the row; ``spread`` (:data:`SPREAD`) the
+    round-by-round range of ``vs full``, which reads ``?`` where that range crosses 1.00x."""
     header = (
         f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
-        f"{'crit +%':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'vs kvp':>6} {'vs snap':>7} "
-        f"{'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} "
+        f"{'crit +%':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'spread':>9} {'vs kvp':>6} "
+        f"{'vs snap':>7} {'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} "
         f"{'match':>5} {'peak MB':>8}  kvpress"
     )
     lines = [header, "-" * len(header)]
@@ -135,18 +169,19 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
         overhead = r["critical_overhead"]
         rss, kv_peak, kv_final = r.get("peak_rss_bytes"), r.get("kv_bytes_peak"), r.get("kv_bytes_final")
         share = "-" if overhead is None else f"{100 * overhead:.2f}%"
+        vs_full, spread = _vs_full(r)
         lines.append(
             f"{r['impl']:<10} {method_label(r):<22} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
             f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} {share:>8} "
             f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
-            f"{_ratio(r['decode_speedup_vs_full']):>7} {_ratio(r['decode_speedup_vs_kvpress']):>6} "
+            f"{vs_full:>7} {spread:>9} {_ratio(r['decode_speedup_vs_kvpress']):>6} "
             f"{_ratio(r['decode_vs_uniform']):>7} {_ratio(r['decode_vs_unquantized']):>6} "
             f"{r['kv_bytes'] / MB:>7.2f} {r['kv_ratio']:>8.3f} {_mb(kv_peak, '>7.2f')} {_mb(kv_final, '>8.2f')} "
             f"{_fmt(r.get('bits_per_element'), '>5.2f')} {_fmt(r['token_match'], '>5.2f')} {_mb(rss, '>8.0f')}  "
             f"{r['kvpress_pair']}"
         )
     lines += [f"note: {note}" for note in notes]
-    lines += [f"definition: {CRITICAL_EXTRA}", f"definition: {COMPRESS_SHARE}"]
+    lines += [f"definition: {CRITICAL_EXTRA}", f"definition: {COMPRESS_SHARE}", f"definition: {SPREAD}"]
     return "\n".join(lines)
 
 
@@ -156,15 +191,22 @@ def caveats(repeats: int, load: float | None = None, cores: int | None = None) -
     out = []
     if repeats <= 1:
         out.append(
-            "warning: --repeats 1: every time is one measurement, so the ratios (vs full, crit +%) can move by "
-            "tens of percent between runs; use --repeats 3 or more (the fastest is kept) before quoting them"
+            "warning: --repeats 1: every time is one measurement and no spread is known, so the ratios (vs full, "
+            "crit +%) can move by tens of percent between runs (even flip); the default --repeats 3 interleaves "
+            "the methods and shows the spread"
         )
+    return out + load_caveat(load, cores)
+
+
+def load_caveat(load: float | None = None, cores: int | None = None) -> list[str]:
+    """A warning where the 1-minute load average (``os.getloadavg`` where ``None``) is above the core
+    count (``os.cpu_count`` where ``None``): the times beside it are inflated and noisy."""
     if load is None and hasattr(os, "getloadavg"):
         load = os.getloadavg()[0]
     cores = os.cpu_count() if cores is None else cores
     if load is not None and cores and load > cores:
-        out.append(
+        return [
             f"warning: the load average ({load:.2f} over 1 min) is above the {cores} cores: other processes "
             "share the CPU, so the times are inflated and noisy"
-        )
-    return out
+        ]
+    return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -158,19 +159,45 @@ def _run_bench(
     _warm_up(model, device, bench_prompts(tokenizer, 64, 1))
     if kvpress is not None and kvpress_model is not None:
         _warm_up(kvpress_model, device, bench_prompts(tokenizer, 64, 1))
-    prompts: dict[tuple[int, int], torch.Tensor] = {}
-    for run in tqdm(todo, desc="bench", unit="run"):
-        ids = prompts.get((run.length, run.batch))
-        if ids is None:
-            ids = prompts[(run.length, run.batch)] = bench_prompts(tokenizer, run.length, run.batch).to(device)
-        tries = [_measure(config, run, ids, model, kvpress, kvpress_model) for _ in range(config.repeats)]
-        record = _fastest(tries)
-        records.append(record)
-        if records_path is not None:
-            _append(records_path, record)
-        if on_record is not None:
-            on_record(record)
+    groups: dict[tuple[int, int], list[Run]] = {}
+    for run in todo:
+        groups.setdefault((run.length, run.batch), []).append(run)
+    progress = tqdm(total=len(todo) * config.repeats, desc="bench", unit="run")
+    for (length, batch), group in groups.items():
+        ids = bench_prompts(tokenizer, length, batch).to(device)
+        for record in _interleaved(config, group, ids, model, kvpress, kvpress_model, progress.update):
+            records.append(record)
+            if records_path is not None:
+                _append(records_path, record)
+            if on_record is not None:
+                on_record(record)
+    progress.close()
     return records
+
+
+def _interleaved(
+    config: BenchConfig,
+    group: Sequence[Run],
+    ids: torch.Tensor,
+    model: Any,
+    kvpress: Any,
+    kvpress_model: Any,
+    tick: Callable[[int], Any],
+) -> list[BenchRecord]:
+    """Each run of one (length, batch) measured ``config.repeats`` times in rounds (full, a, b, full,
+    a, b, ...), so that a change of machine load meets every method alike; each record keeps its
+    fastest times and, in ``decode_ms_rounds``, every round's decode ms/token (paired by round)."""
+    tries: list[list[BenchRecord]] = [[] for _ in group]
+    for _ in range(config.repeats):
+        for runs, run in zip(tries, group, strict=True):
+            runs.append(_measure(config, run, ids, model, kvpress, kvpress_model))
+            tick(1)
+    out = []
+    for runs in tries:
+        record = _fastest(runs)
+        record.decode_ms_rounds = [t.decode_ms_per_token for t in runs]
+        out.append(record)
+    return out
 
 
 def _measure(
@@ -212,7 +239,7 @@ def _measure(
 
 
 def _fastest(tries: Sequence[BenchRecord]) -> BenchRecord:
-    best = tries[0]
+    best = copy.copy(tries[0])
     if len(tries) == 1:
         return best
     best.prefill_s = min(t.prefill_s for t in tries)

@@ -36,7 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tokens", type=int, default=32, help="timed decoding steps per run")
     p.add_argument("--window", type=int, default=32, help="observation window")
     p.add_argument(
-        "--repeats", type=int, default=1, help="measure each run N times and keep the fastest (1: bench warns)"
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds: every method is measured once per round, interleaved, the fastest kept and the spread of "
+        "the ratios shown (1: no spread, bench warns)",
     )
     p.add_argument(
         "--kvpress",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    load_before = _load()
     started = time.perf_counter()
     rows = run_demo(
         model,
@@ -64,5 +67,23 @@ def run(args: argparse.Namespace) -> int:
     table, png = write_outputs(rows, args.out, title)
     print(title)
     print(table)
+    for warning in _time_warnings(load_before, _load()):
+        print(warning, file=sys.stderr)
     print(f"plot: {png}  rows: {args.out / 'rows.jsonl'}  ({time.perf_counter() - started:.0f} s)")
     return 0
+
+
+def _load() -> float | None:
+    """The 1-minute load average, where the platform has one."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _time_warnings(before: float | None, after: float | None) -> list[str]:
+    """The bench's warning for the time columns, where the load was above the cores before or after."""
+    from criticalkv.bench.report import load_caveat
+
+    loads = [x for x in (before, after) if x is not None]
+    warnings = load_caveat(max(loads), None) if loads else []
+    return [
+        w + " (the 'compress ms' and 'decode ms/tok' columns; accuracy and KV bytes are not affected)" for w in warnings
+    ]
