@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from criticalkv.analysis.aggregate import GroupStats, PairStats, budget_order
-from criticalkv.eval.plotting import pyplot
+from criticalkv.eval.plotting import method_style, pyplot, wrapped
 
 
 def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: str) -> Path:
@@ -56,7 +56,7 @@ def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: s
     if image is not None:
         bar = fig.colorbar(image, ax=axes, shrink=0.8, pad=0.02)
         bar.set_label("1 - L(critical) / L(base), clipped to [-1, 1]")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(wrapped(title, max(40, int(fig.get_figwidth() * 11))), fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -75,26 +75,36 @@ def _budget_axis(ax: Any, budgets: Sequence[Any]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _colour(family: str, families: list[str]) -> str:
-    return f"C{families.index(family) % 10}"
+def _colour(method: str) -> str:
+    """The method's colour in every figure (:data:`~criticalkv.eval.plotting.PALETTE`)."""
+    return str(method_style(method)["color"])
 
 
 def _curve(ax: Any, groups: Sequence[GroupStats], value: Any, ylabel: str) -> None:
-    """One line per method: the base dashed, its Critical variant solid in the same colour."""
-    families = list(dict.fromkeys(g.base or g.method for g in groups))
+    """One line per method in its shared-palette colour (a base light, its Critical variant dark):
+    the base dashed, its Critical variant solid."""
     for method in dict.fromkeys(g.method for g in groups):
         members = [g for g in groups if g.method == method]
         pts = sorted(((g.budget, value(g)) for g in members), key=lambda p: budget_order(p[0]))
         style = "--" if members[0].base is None else "-"
-        colour = _colour(members[0].base or method, families)
-        ax.plot([float(p[0]) for p in pts], [p[1] for p in pts], style, color=colour, marker="o", label=method)
+        ax.plot([float(p[0]) for p in pts], [p[1] for p in pts], style, color=_colour(method), marker="o", label=method)
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     _budget_axis(ax, sorted({str(g.budget): g.budget for g in groups}.values(), key=budget_order))
 
 
 def plot_curves(groups: Sequence[GroupStats], pairs: Sequence[PairStats], path: Path, title: str) -> Path:
-    """Mean perturbation, hidden-state drift and share of heads improved, versus budget."""
+    """Mean perturbation, hidden-state drift and share of heads improved, versus budget (:func:`curves_figure`)."""
+    plt = pyplot()
+    fig = curves_figure(groups, pairs, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def curves_figure(groups: Sequence[GroupStats], pairs: Sequence[PairStats], title: str) -> Any:
+    """The curves' six panels, every method in its colour of the shared palette, no title cut off."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     _curve(axes[0][0], groups, lambda g: float(g.heads["perturbation_window"].mean()), "mean ||o - o_hat||_1, window")
@@ -115,7 +125,7 @@ def plot_curves(groups: Sequence[GroupStats], pairs: Sequence[PairStats], path: 
             for q, style in (("window", "--"), ("decode", "-")):
                 ys = [getattr(p, stat)[q] for p in pts]
                 xs = [float(p.budget) for p in pts]
-                ax.plot(xs, ys, style, color=_colour(base, bases), marker="o", label=f"{base}, {q} queries")
+                ax.plot(xs, ys, style, color=_colour(f"critical-{base}"), marker="o", label=f"{base}, {q} queries")
         ax.set_ylabel(label)
         _budget_axis(ax, sorted({str(p.budget): p.budget for p in pairs}.values(), key=budget_order))
         if pairs:
@@ -123,11 +133,8 @@ def plot_curves(groups: Sequence[GroupStats], pairs: Sequence[PairStats], path: 
     axes[0][2].axhline(0.5, color="grey", linestyle=":")
     axes[0][2].set_title("Critical variant vs base: heads lowered", fontsize=9)
     axes[1][2].axhline(0.0, color="grey", linestyle=":")
-    axes[1][2].set_title("Critical vs base: median over heads of 1 - L(critical)/L(base)", fontsize=9)
+    axes[1][2].set_title(wrapped("Critical vs base: median over heads of 1 - L(critical)/L(base)", 45), fontsize=9)
     axes[0][0].legend(fontsize=7, handlelength=3)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(wrapped(title, 150), fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

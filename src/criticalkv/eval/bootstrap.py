@@ -88,7 +88,8 @@ def paired_difference(
     The score difference is in percentage points, its mean over per-task means (as the report's
     ``average``), its interval stratified by task; the NLL difference is a plain mean. Returns
     ``{"n", "score_diff", "score_diff_low", "score_diff_high", "nll_diff", "nll_diff_low",
-    "nll_diff_high"}``, or ``None`` when no sample is shared.
+    "nll_diff_high", "gained", "lost"}`` (``gained``/``lost``: the shared samples ``mine`` scores
+    higher/lower than ``base``), or ``None`` when no sample is shared.
     """
     shared = sorted(set(mine) & set(base), key=str)
     if not shared:
@@ -108,6 +109,8 @@ def paired_difference(
         "nll_diff": float(np.mean(nll)),
         "nll_diff_low": nll_low,
         "nll_diff_high": nll_high,
+        "gained": float(sum(mine[k]["score"] > base[k]["score"] for k in shared)),
+        "lost": float(sum(mine[k]["score"] < base[k]["score"] for k in shared)),
     }
 
 
@@ -139,6 +142,21 @@ def paired_differences(
     return out
 
 
+def paired_against_full(
+    records: Sequence[Mapping[str, Any]], length: str = "all", **options: Any
+) -> dict[tuple[str, Any], dict[str, float]]:
+    """For each compressed (method, budget): it minus the full cache on the samples both ran
+    (:func:`paired_difference`), as ``{(method, budget): difference}``."""
+    configs = by_config(records, length)
+    full = next((mine for (method, _), mine in configs.items() if method == "full"), None)
+    out: dict[tuple[str, Any], dict[str, float]] = {}
+    for (method, budget), mine in configs.items():
+        diff = paired_difference(mine, full, **options) if full is not None and method != "full" else None
+        if diff is not None:
+            out[(method, budget)] = diff
+    return out
+
+
 def distinguishable(low: float, high: float) -> bool:
     """Whether an interval excludes zero."""
     return not (math.isnan(low) or math.isnan(high)) and (low > 0 or high < 0)
@@ -162,4 +180,5 @@ def describe_difference(diff: Mapping[str, float], *, min_samples: int = MIN_PAI
         f"({verdict(diff['score_diff_low'], diff['score_diff_high'])}), "
         f"NLL {diff['nll_diff']:+.3f} [{diff['nll_diff_low']:+.3f}, {diff['nll_diff_high']:+.3f}] "
         f"({verdict(diff['nll_diff_low'], diff['nll_diff_high'])}), n={int(diff['n'])} paired samples"
+        + (f" ({int(diff['gained'])} scored higher, {int(diff['lost'])} lower)" if "gained" in diff else "")
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
-from criticalkv.eval.plotting import method_style, pyplot
+from criticalkv.eval.plotting import category_axis, dodged, method_style, pyplot, wrapped
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime import check_positions, continue_generation, decode_answers, eos_ids, input_device, prefill
 
@@ -159,33 +160,57 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
 
 def plot(table: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """Accuracy vs budget per method, and accuracy beside the KV memory each (method, budget) holds,
-    as a PNG; every method in its colour and marker of :func:`~criticalkv.eval.plotting.method_style`."""
+    as a PNG (:func:`figure`)."""
     plt = pyplot()
+    fig = figure(table, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
+
+def _memory_step(table: Sequence[dict[str, Any]], count: int) -> float:
+    """How far apart (MB) the right panel sets the ``count`` methods of one budget: together they
+    span half the smallest gap between two budgets' memory, so the budgets' groups stay apart."""
+    levels = sorted({round(float(r["kv_mb"]), 3) for r in table})
+    gaps = [b - a for a, b in itertools.pairwise(levels) if b - a > 0]
+    return 0.5 * (min(gaps) if gaps else 1.0) / max(count - 1, 1)
+
+
+def figure(table: Sequence[dict[str, Any]], title: str) -> Any:
+    """The demo's two panels: every method in its colour, marker and line style of
+    :func:`~criticalkv.eval.plotting.method_style`; the methods of one budget side by side (equal
+    accuracies stay visible, none hides under another or under the full cache's line), the full
+    cache as a line (left) and a star (right), all in one legend beside the panels."""
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    full = [r for r in table if r["method"] == "full"]
-    for method in dict.fromkeys(r["method"] for r in table if r["method"] != "full"):
+    full = next((r for r in table if r["method"] == "full"), None)
+    methods = [m for m in dict.fromkeys(r["method"] for r in table) if m != "full"]
+    budgets = sorted({float(r["budget"]) for r in table if r["method"] != "full"})
+    x = category_axis(left, budgets, "KV budget (fraction of the prompt); methods of one budget side by side")
+    step = _memory_step(table, len(methods))
+    if full is not None:
+        left.axhline(full["accuracy"], color="black", linestyle=":", zorder=1, label="full cache")
+        right.plot([full["kv_mb"]], [full["accuracy"]], "*", color="black", markersize=13, label="full cache (memory)")
+    for j, method in enumerate(methods):
         rows = sorted((r for r in table if r["method"] == method), key=lambda r: float(r["budget"]))
-        style = method_style(method)
-        left.plot([float(r["budget"]) for r in rows], [r["accuracy"] for r in rows], label=method, **style)
-        right.plot([r["kv_mb"] for r in rows], [r["accuracy"] for r in rows], label=method, **style)
-    if full:
-        left.axhline(full[0]["accuracy"], color="black", linestyle=":", label="full cache")
-        right.plot([full[0]["kv_mb"]], [full[0]["accuracy"]], "*", color="black", markersize=12, label="full cache")
-    left.set_xlabel("KV budget (fraction of the prompt)")
+        style = {**method_style(method), "zorder": 3}
+        left.plot([dodged(x[float(r["budget"])], j, len(methods)) for r in rows], [r["accuracy"] for r in rows],
+                  label=method, **style)  # fmt: skip
+        shift = (j - (len(methods) - 1) / 2) * step
+        right.plot([r["kv_mb"] + shift for r in rows], [r["accuracy"] for r in rows], **style)
     left.set_ylabel("needle accuracy (exact)")
-    left.set_title("accuracy by budget")
-    right.set_xlabel("KV cache held after compression (MB)")
-    right.set_title("accuracy beside the memory held")
+    left.set_title("accuracy by budget", fontsize=10)
+    right.set_xlabel("KV cache held after compression (MB; methods of one budget set side by side)")
+    right.set_title("accuracy beside the memory held", fontsize=10)
     for ax in (left, right):
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
-    left.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    handles, labels = left.get_legend_handles_labels()
+    star, star_label = right.get_legend_handles_labels()
+    fig.legend(handles + star, labels + star_label, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(wrapped(title, 110), fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def write_outputs(rows: Sequence[DemoRow], out_dir: Path, title: str) -> tuple[str, Path]:
@@ -199,3 +224,12 @@ def write_outputs(rows: Sequence[DemoRow], out_dir: Path, title: str) -> tuple[s
     png = out_dir / "demo.png"
     plot(table, png, title)
     return format_table(table), png
+
+
+def replot(out_dir: Path, title: str) -> Path:
+    """Draw ``out_dir/demo.png`` again from the folder's ``rows.jsonl`` (nothing is rerun)."""
+    lines = (out_dir / "rows.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [DemoRow(**json.loads(line)) for line in lines if line.strip()]
+    png = out_dir / "demo.png"
+    plot(summarise(rows), png, title)
+    return png

@@ -90,3 +90,37 @@ def pyplot() -> Any:
 def require_matplotlib() -> None:
     """Raise :class:`MissingMatplotlib` now: a command that will plot checks before its long run."""
     pyplot()
+
+
+#: the widest a figure title runs before it wraps (characters at the figures' title sizes)
+TITLE_WIDTH = 90
+
+
+def wrapped(title: str, width: int = TITLE_WIDTH) -> str:
+    """``title`` broken into lines of at most ``width`` characters, so no figure cuts it off."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width)) if title else title
+
+
+def dodged(position: float, index: int, count: int, spread: float = 0.5) -> float:
+    """``position`` moved sideways for the ``index``-th of ``count`` series sharing it: the series of
+    one x position sit side by side across ``spread`` (in x units) instead of on top of each other."""
+    if count <= 1:
+        return position
+    return position + spread * (index / (count - 1) - 0.5)
+
+
+def category_axis(ax: Any, values: list[float], label: str) -> dict[float, int]:
+    """An x axis with one evenly spaced tick per value (labelled as the value, ``g`` format): one budget
+    gives one tick, not a run of decimals; returns each value's x position."""
+    positions = {value: i for i, value in enumerate(values)}
+    ax.set_xticks(range(len(values)), [f"{v:g}" for v in values])
+    ax.set_xlim(-0.6, len(values) - 0.4)
+    ax.set_xlabel(label)
+    return positions
+
+
+def legend_outside(ax: Any, **options: Any) -> Any:
+    """The axes' legend to the right of its plot area, where it covers no data."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **{"fontsize": 7, **options})

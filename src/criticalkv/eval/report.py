@@ -11,13 +11,19 @@ import contextlib
 import csv
 import json
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from criticalkv.eval.bootstrap import INTERVAL_COLUMNS, describe_difference, paired_differences
-from criticalkv.eval.plotting import method_style, pyplot
+from criticalkv.eval.bootstrap import (
+    INTERVAL_COLUMNS,
+    describe_difference,
+    paired_against_full,
+    paired_differences,
+)
+from criticalkv.eval.plotting import pyplot
 from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
 from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
 
@@ -66,11 +72,13 @@ def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dic
     ``loss_n`` samples the row and the full cache both have; ``nll_increase`` the mean per-sample
     increase of the gold answer's NLL over the full cache. With ``by="bucket"`` the ``length``
     column holds LongBench-E's bucket (0-4k, 4-8k, 8k+, by the sample's LongBench length in words
-    or characters) instead of the sweep length.
+    or characters) instead of the sweep length. A sweep of one length has only the ``all`` rows
+    (its rows of that length would repeat them).
     """
     groups: dict[tuple[str, str, Any, str], list[dict[str, Any]]] = defaultdict(list)
+    several = by != "length" or len({_group(r, by) for r in records}) > 1  # one length: its rows are "all"'s
     for r in records:
-        for length in ("all", _group(r, by)):
+        for length in ("all", _group(r, by)) if several else ("all",):
             groups[(length, r["method"], r["budget"], r["task"])].append(r)
             groups[(length, r["method"], r["budget"], AVERAGE)].append(r)
     rows = summary_rows(groups)
@@ -135,6 +143,8 @@ def format_tables(
             + " ".join(_cell(c, w) for c, w in zip(cells, widths, strict=True))
             + f" {_cell(avg, 11)} {loss:>12} {avg['nll_increase']:>7.3f} {avg['top1']:>6.3f}"
         )
+    if records is not None:
+        lines += _against_full(records, length)
     reductions = loss_reductions(rows, length)
     if reductions:
         lines += ["", "loss reduction of CriticalKV vs its base (1 - loss_critical / loss_base), on shared samples:"]
@@ -142,11 +152,31 @@ def format_tables(
         for r in reductions:
             lines.append(
                 f"  {r['method']:<18} @ {r['budget']!s:<5} base loss {r['loss_base']:.3f} -> {r['loss_critical']:.3f}"
-                f"  reduction {r['reduction']:.2f}  (n={r['n']})"
+                f"  {_reduction(r['reduction'], r['loss_base'])}  (n={r['n']})"
             )
             if (r["method"], r["budget"]) in paired:
                 lines.append(f"    minus base, 95% CI: {describe_difference(paired[(r['method'], r['budget'])])}")
     return "\n".join(lines)
+
+
+def _reduction(reduction: float, loss_base: float) -> str:
+    """``reduction 0.42``, or why there is none (a base that loses nothing has nothing to reduce)."""
+    if not math.isnan(reduction):
+        return f"reduction {reduction:.2f}"
+    if math.isnan(loss_base):
+        return "reduction - (the full cache scores 0 on these samples: no loss is defined)"
+    return "reduction - (the base loses nothing, or gains, on these samples: nothing to reduce)"
+
+
+def _against_full(records: Sequence[dict[str, Any]], length: str) -> list[str]:
+    """Each compressed (method, budget) minus the full cache, paired per sample, with 95% intervals."""
+    paired = paired_against_full(records, length)
+    if not paired:
+        return []
+    lines = ["", "against the full cache (method minus full on the samples both ran, paired bootstrap 95% CI):"]
+    for (method, budget), diff in sorted(paired.items(), key=lambda kv: (float(kv[0][1]), kv[0][0])):
+        lines.append(f"  {method:<18} @ {budget!s:<5} {describe_difference(diff)}")
+    return lines
 
 
 def _skipped_note(out_dir: Path, records: Sequence[dict[str, Any]]) -> str:
@@ -175,12 +205,15 @@ SKIP_REASONS = {
 }
 
 
-def plot_title(out_dir: Path, rows: Sequence[dict[str, Any]]) -> str:
-    """What a sweep's figures show: benchmark, model, context lengths, mode and samples (n) per point."""
+def plot_title(out_dir: Path, rows: Sequence[dict[str, Any]], lengths: Sequence[str] = ()) -> str:
+    """What a sweep's figures show: benchmark, model, context lengths (``lengths``, else those of
+    ``rows``), mode and samples (n) per point."""
     identity: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         identity = dict(json.loads((Path(out_dir) / "run.json").read_text(encoding="utf-8")).get("identity", {}))
-    lengths = sorted({str(r["length"]) for r in rows if r["length"] != "all"}, key=lambda x: (len(x), x))
+    lengths = sorted(
+        set(lengths) or {str(r["length"]) for r in rows if r["length"] != "all"}, key=lambda x: (len(x), x)
+    )
     shown = "own lengths" if lengths == ["0"] else f"{'/'.join(lengths)} tokens"
     avg = [r for r in rows if r["length"] == "all" and r["task"] == AVERAGE]
     counts = sorted({int(r["n"]) for r in avg if r.get("n") is not None})
@@ -190,58 +223,25 @@ def plot_title(out_dir: Path, rows: Sequence[dict[str, Any]]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None, title: str = "") -> list[Path]:
-    """score_vs_budget.png, tasks_at_budget.png, nll_vs_budget.png (each titled ``title``), every
-    method in its colour, marker and line style of :func:`~criticalkv.eval.plotting.method_style`."""
-    plt = pyplot()
+    """score_vs_budget.png, nll_vs_budget.png and tasks_at_budget.png (each titled ``title``) of
+    :mod:`criticalkv.eval.sweep_figures`: every point with its 95% interval, the full cache's level
+    and interval, every method in its colour, marker and line style of
+    :func:`~criticalkv.eval.plotting.method_style`."""
+    from criticalkv.eval.sweep_figures import budget_figure, chosen_budget, tasks_figure
 
-    avg = [r for r in rows if r["length"] == "all" and r["task"] == AVERAGE]
-    methods = [m for m in dict.fromkeys(r["method"] for r in avg) if m != "full"]
-    full = next((r for r in avg if r["method"] == "full"), None)
+    plt = pyplot()
     paths = []
-    for key, ylabel, name in (
-        ("score", "average score", "score_vs_budget.png"),
-        ("nll_increase", "NLL increase over full (nats/token)", "nll_vs_budget.png"),
-    ):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for m in methods:
-            pts = sorted((float(r["budget"]), r[key]) for r in avg if r["method"] == m)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, **method_style(m))
-        if full is not None and key == "score":
-            ax.axhline(full["score"], color="black", linestyle=":", label="full cache")
-        ax.set_xlabel("KV budget (fraction of the compressed prompt)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
+    figures = [
+        ("score_vs_budget.png", budget_figure(rows, "score", title)),
+        ("nll_vs_budget.png", budget_figure(rows, "nll_increase", title)),
+    ]
+    chosen = chosen_budget(rows, bar_budget)
+    if chosen is not None:
+        figures.append(("tasks_at_budget.png", tasks_figure(rows, chosen, title)))
+    for name, fig in figures:
+        fig.savefig(out_dir / name, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(out_dir / name)
-    budgets = sorted({float(r["budget"]) for r in avg if r["method"] != "full"})
-    if budgets:
-        chosen = bar_budget if bar_budget is not None else budgets[len(budgets) // 2]
-        per_task = [r for r in rows if r["length"] == "all" and r["task"] != AVERAGE]
-        tasks = sorted({r["task"] for r in per_task})
-        shown = ["full", *methods] if full is not None else methods
-        fig, ax = plt.subplots(figsize=(max(7, len(tasks) * 0.9), 4.2))
-        width = 0.8 / max(len(shown), 1)
-        for j, m in enumerate(shown):
-            vals = []
-            for t in tasks:
-                match = [
-                    r
-                    for r in per_task
-                    if r["method"] == m and r["task"] == t and (m == "full" or float(r["budget"]) == chosen)
-                ]
-                vals.append(match[0]["score"] if match else 0.0)
-            ax.bar([i + j * width for i in range(len(tasks))], vals, width, label=m, color=method_style(m)["color"])
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=45, ha="right", fontsize=8)
-        ax.set_ylabel(f"score at budget {chosen}")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "tasks_at_budget.png", dpi=120)
-        plt.close(fig)
-        paths.append(out_dir / "tasks_at_budget.png")
     return paths
 
 
@@ -271,4 +271,5 @@ def build_report(out_dir: Path, bar_budget: float | None = None, buckets: bool =
         for bucket in BUCKETS:
             if any(r["length"] == bucket for r in by_bucket):
                 text += f"\n\n[LongBench-E bucket {bucket}]\n" + format_tables(by_bucket, bucket)
-    return text + note, plot(rows, out_dir, bar_budget, plot_title(out_dir, rows))
+    title = plot_title(out_dir, rows, sorted({str(r["length"]) for r in records}))
+    return text + note, plot(rows, out_dir, bar_budget, title)
