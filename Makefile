@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.criticalkv-installed
 DEMO_STAMP := $(VENV)/.criticalkv-demo-installed
 
-.PHONY: install test lint demo clean reproduce test-kvpress test-vllm gpu-check
+.PHONY: install test lint demo clean reproduce reproduce-plan test-kvpress test-vllm gpu-check
 
 # kvpress 0.5.5 pins transformers < 5.3, so its tests run in a second venv (the [bench] extra + pytest),
 # with the [quant] extra (hqq) so kvpress's pairing with transformers' QuantizedCache is tested too,
@@ -89,24 +89,33 @@ demo: $(DEMO_STAMP)
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py
 
-# `make reproduce`: every sweep behind docs/results/claims.md (each resumable: an interrupted run
-# continues where it stopped), then the generator. Run times per step: docs/results/claims.md.
+# `make reproduce`: every sweep behind docs/results/claims.md, into a fresh folder (REPRODUCE_OUT, default
+# reproduce-out/; each step resumes there: an interrupted run continues where it stopped), then the claims
+# table and its comparison with the committed one (benchmarks/reproduce_compare.py). The committed results
+# are never rewritten unless REPRODUCE_OUT=docs/results. Run times per step: docs/results/claims.md.
 CKV := $(VENV)/bin/criticalkv
 RULER_TASKS ?= niah_single_1,niah_single_2,niah_multikey_1,niah_multikey_2,niah_multiquery,niah_multivalue,fwe
 RULER_SAMPLES ?= 20
-reproduce: $(STAMP)
+REPRODUCE_OUT ?= reproduce-out
+REPRODUCE_TIME := about 95 minutes on 2 CPU cores (RULER ~42 min, perturbation ~11, performance ~20, ablations ~21, claims ~2)
+reproduce-plan:
+	@echo "make reproduce: $(REPRODUCE_TIME); writing to $(REPRODUCE_OUT)/ (the committed docs/results/ stay as they are), then comparing with them"
+
+reproduce: reproduce-plan $(STAMP)
+	mkdir -p $(REPRODUCE_OUT)
 	$(CKV) eval --benchmark ruler --tasks $(RULER_TASKS) --lengths 1024 \
 	    --methods full,snapkv,critical-snapkv,adakv,critical-adakv,defensivekv,layer-defensivekv \
 	    --budgets 0.1,0.2,0.4 --samples $(RULER_SAMPLES) --mode question-aware --max-new-tokens 32 \
-	    --model default --out docs/results/ruler-default/aware-20
+	    --model default --out $(REPRODUCE_OUT)/ruler-default/aware-20
 	$(CKV) perturbation --model default --methods snapkv,adakv --budgets 0.1,0.2,0.4 --samples 12 \
-	    --length 2048 --window 32 --out docs/results/perturbation-default/run
-	$(PY) benchmarks/performance.py --out docs/results/performance
-	$(PY) benchmarks/ablations.py --out docs/results/ablations/scores --samples 3 --tasks $(RULER_TASKS) \
-	    --doc docs/results/ablations.md
-	$(PY) benchmarks/claims.py --ruler docs/results/ruler-default/aware-20 \
-	    --perturbation docs/results/perturbation-default/run --performance docs/results/performance \
-	    --out docs/results/claims.md
+	    --length 2048 --window 32 --out $(REPRODUCE_OUT)/perturbation-default/run
+	$(PY) benchmarks/performance.py --out $(REPRODUCE_OUT)/performance
+	$(PY) benchmarks/ablations.py --out $(REPRODUCE_OUT)/ablations/scores --samples 3 --tasks $(RULER_TASKS) \
+	    --doc $(REPRODUCE_OUT)/ablations.md
+	$(PY) benchmarks/claims.py --ruler $(REPRODUCE_OUT)/ruler-default/aware-20 \
+	    --perturbation $(REPRODUCE_OUT)/perturbation-default/run --performance $(REPRODUCE_OUT)/performance \
+	    --out $(REPRODUCE_OUT)/claims.md
+	$(PY) benchmarks/reproduce_compare.py --fresh $(REPRODUCE_OUT) --committed docs/results
 
 clean:
 	rm -rf $(VENV) $(KVPRESS_VENV) $(VLLM_VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
