@@ -40,8 +40,9 @@ def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
         (["lm-eval", "--help"], ["lm_eval"], "lm-eval"),
         (["lm-eval", "--model", "criticalkv", "--tasks", "x"], ["lm_eval"], "lm-eval"),
         (["eval", "--dataset", "x.jsonl", "--out", "{tmp}/out", "--ray", "auto"], ["ray"], "ray"),
+        (["bench", "--kvpress", "on"], ["kvpress"], "bench"),
     ],
-    ids=["serve-fastapi", "serve-uvicorn", "serve-ray", "lm-eval-help", "lm-eval", "eval-ray"],
+    ids=["serve-fastapi", "serve-uvicorn", "serve-ray", "lm-eval-help", "lm-eval", "eval-ray", "bench-kvpress"],
 )
 def test_a_missing_extra_is_one_line_naming_it(
     argv: list[str],

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
-from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg
+from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg, require_extra
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
 from criticalkv.defaults import DEFAULT_INTERVAL
 
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.models import load_model
 
     config = _config(args)
+    if config.kvpress == "on":  # required: one sentence naming the extra, before the model loads
+        require_extra("bench --kvpress on", "bench", "kvpress")
     if args.out is not None:
         output_folder(args.out, "--out")
         require_matplotlib()  # for bench.png, before anything is measured
