@@ -66,3 +66,13 @@ def test_a_spread_across_one_is_no_winner() -> None:
 def test_one_round_shows_no_spread() -> None:
     table = format_table([_record("full", 10.0, [10.0]), _record("snapkv", 5.0, [5.0])])
     assert table.splitlines()[3].split()[11:13] == ["2.00x", "-"]
+
+
+def test_crit_share_shows_its_round_by_round_spread() -> None:
+    base = _record("snapkv", 8.0, [8.0, 8.0]) | {"compress_s_rounds": [0.10, 0.30], "prefill_s_rounds": [1.0, 1.0]}
+    crit = _record("critical-snapkv", 8.0, [8.0, 8.0])
+    crit |= {"compress_s": 0.2, "compress_s_rounds": [0.20, 0.35], "prefill_s_rounds": [1.0, 2.0]}
+    rows = {r["method"]: r for r in derived([_record("full", 10.0, [10.0, 10.0]), base, crit])}
+    low, high = rows["critical-snapkv"]["critical_overhead_range"]
+    assert (low, high) == pytest.approx((0.025, 0.10))  # (0.35 - 0.30) / 2 and (0.20 - 0.10) / 1
+    assert "10.00% (2.5-10.0)" in format_table([base, crit])

@@ -33,7 +33,8 @@ class BenchRecord:
     each row's greedy tokens, the one after the prompt then every decode step's (warm-up included),
     to compare with the full cache's (:func:`criticalkv.bench.report.derived`). ``decode_ms_rounds``:
     each repeat's decode ms/token, in round order (the runs of one length and batch are interleaved,
-    so round ``i`` of two records was measured at about the same time: their ratios pair by round).
+    so round ``i`` of two records was measured at about the same time: their ratios pair by round);
+    ``compress_s_rounds`` and ``prefill_s_rounds`` the same for the compression and the prefill.
     """
 
     impl: str
@@ -64,6 +65,8 @@ class BenchRecord:
     press: str | None = None
     greedy_tokens: list[list[int]] | None = None
     decode_ms_rounds: list[float] | None = None
+    compress_s_rounds: list[float] | None = None
+    prefill_s_rounds: list[float] | None = None
 
     @property
     def kv_ratio(self) -> float:

@@ -12,7 +12,7 @@ MB = 1e6
 #: what the table's ``crit +%`` column is (the record field ``critical_overhead``)
 CRITICAL_EXTRA = (
     "crit +%: the Critical selection's extra time over its base method, as a share of the prefill: "
-    "(compress s - the base's compress s) / prefill s"
+    "(compress s - the base's compress s) / prefill s; in brackets its lowest-highest over the interleaved rounds"
 )
 #: what the figure's right panel shows
 COMPRESS_SHARE = "compression share: compress s / prefill s (the whole selection, any method)"
@@ -72,6 +72,19 @@ def speedup_rounds(reference: dict[str, Any] | None, r: dict[str, Any]) -> tuple
     return min(ratios), max(ratios)
 
 
+def overhead_rounds(base: dict[str, Any] | None, r: dict[str, Any]) -> tuple[float, float] | None:
+    """The lowest and highest round-by-round ``crit +%`` share (``(compress - base's compress) /
+    prefill``, round ``i`` against round ``i``); ``None`` without two paired rounds."""
+    if base is None:
+        return None
+    mine, theirs = r.get("compress_s_rounds") or [], base.get("compress_s_rounds") or []
+    prefill = r.get("prefill_s_rounds") or []
+    if len(mine) < 2 or not len(mine) == len(theirs) == len(prefill) or not all(p > 0 for p in prefill):
+        return None
+    shares = [(a - b) / p for a, b, p in zip(mine, theirs, prefill, strict=True)]
+    return min(shares), max(shares)
+
+
 def token_match(full: dict[str, Any] | None, r: dict[str, Any]) -> float | None:
     """The share of ``r``'s greedy tokens equal to the full cache's at the same step of the same
     row (``None`` where either has none, or for the full cache itself): 1.00 = the same text."""
@@ -115,6 +128,7 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row["critical_overhead"] = (
             (r["compress_s"] - base_row["compress_s"]) / r["prefill_s"] if base_row and r["prefill_s"] > 0 else None
         )
+        row["critical_overhead_range"] = overhead_rounds(base_row, r)
         out.append(row)
     return out
 
@@ -160,7 +174,7 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
     round-by-round range of ``vs full``, which reads ``?`` where that range crosses 1.00x."""
     header = (
         f"{'impl':<10} {'method':<22} {'ctx':>6} {'budget':>6} {'batch':>5} {'prefill s':>9} {'compress s':>10} "
-        f"{'crit +%':>8} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'spread':>9} {'vs kvp':>6} "
+        f"{'crit +%':>20} {'ttft s':>7} {'ms/tok':>7} {'tok/s':>6} {'vs full':>7} {'spread':>9} {'vs kvp':>6} "
         f"{'vs snap':>7} {'vs 16b':>6} {'KV MB':>7} {'KV ratio':>8} {'KV peak':>7} {'KV final':>8} {'bits':>5} "
         f"{'match':>5} {'peak MB':>8}  kvpress"
     )
@@ -169,10 +183,12 @@ def format_table(records: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -
         overhead = r["critical_overhead"]
         rss, kv_peak, kv_final = r.get("peak_rss_bytes"), r.get("kv_bytes_peak"), r.get("kv_bytes_final")
         share = "-" if overhead is None else f"{100 * overhead:.2f}%"
+        if r["critical_overhead_range"] is not None:
+            share += " ({:.1f}-{:.1f})".format(*(100 * x for x in r["critical_overhead_range"]))
         vs_full, spread = _vs_full(r)
         lines.append(
             f"{r['impl']:<10} {method_label(r):<22} {r['context_tokens']:>6} {r['budget']:>6g} {r['batch_size']:>5} "
-            f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} {share:>8} "
+            f"{r['prefill_s']:>9.2f} {r['compress_s']:>10.3f} {share:>20} "
             f"{r['ttft_s']:>7.2f} {r['decode_ms_per_token']:>7.1f} {r['tokens_per_s']:>6.1f} "
             f"{vs_full:>7} {spread:>9} {_ratio(r['decode_speedup_vs_kvpress']):>6} "
             f"{_ratio(r['decode_vs_uniform']):>7} {_ratio(r['decode_vs_unquantized']):>6} "

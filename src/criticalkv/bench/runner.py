@@ -196,6 +196,8 @@ def _interleaved(
     for runs in tries:
         record = _fastest(runs)
         record.decode_ms_rounds = [t.decode_ms_per_token for t in runs]
+        record.compress_s_rounds = [t.compress_s for t in runs]
+        record.prefill_s_rounds = [t.prefill_s for t in runs]
         out.append(record)
     return out
 
