@@ -10,6 +10,7 @@ with its flags.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
+from criticalkv.cache.spec_options import spec_keywords
 from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
@@ -78,6 +80,16 @@ class CacheSpec:
         storage = quantization_for(kv_bits, kv_group_size, kv_residual, validate_budget(budget), config=config)
         return cls(get_method(method), budget, window, decode, storage)
 
+    @classmethod
+    def parse(
+        cls, options: Mapping[str, Any], *, defaults: Mapping[str, Any] | None = None, config: Any = None
+    ) -> CacheSpec:
+        """The spec of options given as text or loose values (lm-eval's ``model_args``, a request's
+        JSON): each converted strictly by :func:`~criticalkv.cache.spec_options.spec_keywords` (used
+        as given or refused, never replaced), over ``defaults`` (keywords of :meth:`of`), then
+        checked by :meth:`of`. The one validation every entry point shares."""
+        return cls.of(**{**(defaults or {}), **spec_keywords(options)}, config=config)
+
     def __post_init__(self) -> None:
         if not isinstance(self.method, Method):
             raise OptionTypeError(
@@ -108,6 +120,11 @@ class CacheSpec:
         except ValueError:
             return None
         return per_head if per_head < tokens else None
+
+    def compresses_some(self, longest: int) -> bool:
+        """Whether this spec compresses any prompt of at most ``longest`` tokens (a longer prompt
+        only helps: the budget grows with it, the window does not)."""
+        return self.entries_per_head(longest) is not None
 
     def with_method(self, method: Method) -> CacheSpec:
         """The same spec for ``method`` (e.g. the method bound to a model)."""
