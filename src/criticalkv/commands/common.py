@@ -34,8 +34,17 @@ def budget_arg(text: str) -> Budget:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def list_parts(text: str, example: str) -> list[str]:
+    """The comma-separated parts of ``text``; an empty list (``--budgets ""``) is refused, never read
+    as "none" or as the default (``example``: what the error suggests)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"the list is empty ({text!r}); pass e.g. {example}, or omit the option")
+    return parts
+
+
 def budgets_arg(text: str) -> list[Budget]:
-    return [budget_arg(part) for part in text.split(",") if part.strip()]
+    return [budget_arg(part) for part in list_parts(text, "0.1,0.2")]
 
 
 def method_arg(name: str) -> str:
@@ -48,13 +57,14 @@ def method_arg(name: str) -> str:
 
 
 def methods_arg(text: str) -> list[str]:
-    return [method_arg(part.strip()) for part in text.split(",") if part.strip()]
+    return [method_arg(part) for part in list_parts(text, "snapkv,critical-adakv")]
 
 
 def ints_arg(text: str) -> list[int]:
     """Comma-separated integers, e.g. ``1024,2048``."""
+    parts = list_parts(text, "1024,2048")
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in parts]
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from err
 
