@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +24,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 class UsageError(Exception):
     """A problem with the command line that the user can fix (exit status 2)."""
+
+
+#: the errors of a disk the user can fix: full, over quota, read-only, not permitted
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def disk_error(error: OSError) -> str:
+    """One sentence for an ``OSError`` of :data:`DISK_ERRNOS` (naming its file where it has one)."""
+    where = f"write {error.filename}" if error.filename else "write its output"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"could not {where}: {error.strerror}; free some space there (or pass another folder) and run it again"
+    return f"could not {where}: {error.strerror}; pass a folder you can write to"
 
 
 def budget_arg(text: str) -> Budget:
