@@ -20,11 +20,11 @@ from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
-from criticalkv.cache.spec_options import spec_keywords
+from criticalkv.cache.spec_options import INTERVAL_WITHOUT_BUDGET, spec_keywords
 from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
-from criticalkv.options import OptionTypeError
+from criticalkv.options import OptionError, OptionTypeError
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,19 @@ class CacheSpec:
         """The spec of the public keyword arguments, every option checked (``config``: the model's,
         to check the group size against its head dimension).
 
+        A ``decode_interval`` other than the default without a ``decode_budget`` (it would be
+        ignored) is refused. (A ``kv_group_size`` or ``kv_residual`` at 16 bits is accepted here, so
+        code can sweep ``kv_bits`` with fixed storage options; :meth:`parse` and the command line
+        refuse it.)
+
         Raises
         ------
         OptionError
             (a ``ValueError``; an :class:`~criticalkv.options.OptionTypeError` for a wrong type)
             naming the option, before any work.
         """
+        if decode_budget is None and decode_interval != DEFAULT_INTERVAL:  # it would be ignored
+            raise OptionError(INTERVAL_WITHOUT_BUDGET)
         decode = None if decode_budget is None else DecodeBudget(decode_budget, decode_interval)
         storage = quantization_for(kv_bits, kv_group_size, kv_residual, validate_budget(budget), config=config)
         return cls(get_method(method), budget, window, decode, storage)

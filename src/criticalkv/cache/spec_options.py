@@ -30,7 +30,8 @@ INTEGER_OPTIONS: tuple[str, ...] = (
 #: what stands for "not given" in text (lm-eval's ``key=None``, an empty value)
 NOT_GIVEN: tuple[str, ...] = ("None", "none", "null", "")
 _INTEGER = re.compile(r"[+-]?\d+")
-_UNQUANTIZED = (16, 32)
+#: ``kv_bits`` values that mean the model's own dtype (not quantized)
+UNQUANTIZED = (16, 32)
 
 
 def given(value: Any) -> bool:
@@ -103,14 +104,23 @@ def spec_keywords(options: Mapping[str, Any]) -> dict[str, Any]:
 def _check_modifiers(keywords: Mapping[str, Any]) -> None:
     """An option that modifies another is refused without it (it would be ignored)."""
     if "decode_interval" in keywords and keywords.get("decode_budget") is None:
-        raise OptionError(
-            "<decode_interval> re-selects under a decode budget, and none is given: give <decode_budget> "
-            "too, or drop <decode_interval>"
-        )
-    if keywords.get("kv_bits", 16) in _UNQUANTIZED:
+        raise OptionError(INTERVAL_WITHOUT_BUDGET)
+    if keywords.get("kv_bits", 16) in UNQUANTIZED:
         for name in ("kv_group_size", "kv_residual"):
             if name in keywords:
-                raise OptionError(
-                    f"<{name}> sets how <kv_bits> quantizes, and the storage is not quantized: give <kv_bits> "
-                    f"8 or 4 too, or drop <{name}>"
-                )
+                raise OptionError(storage_without_bits(name))
+
+
+#: :func:`spec_keywords`' and :meth:`CacheSpec.of`'s sentence for an interval without a decode budget
+INTERVAL_WITHOUT_BUDGET = (
+    "<decode_interval> re-selects under a decode budget, and none is given: give <decode_budget> too, "
+    "or drop <decode_interval>"
+)
+
+
+def storage_without_bits(name: str) -> str:
+    """The sentence for ``kv_group_size`` or ``kv_residual`` given for storage that is not quantized."""
+    return (
+        f"<{name}> sets how <kv_bits> quantizes, and the storage is not quantized: give <kv_bits> 8 or 4 "
+        f"too, or drop <{name}>"
+    )

@@ -122,3 +122,14 @@ def test_lm_evals_default_cuda_falls_back_to_the_cpu(
         )
     assert results["config"]["criticalkv"]["prompts"] == 1
     assert "device cuda:0 is not available" in caplog.text
+
+
+def test_the_python_api_refuses_an_interval_it_would_ignore() -> None:
+    """``CacheSpec.of(decode_interval=8)`` without a decode budget ignored the interval."""
+    import criticalkv as ckv
+    from criticalkv.cache import CacheSpec
+
+    for interval in (0, 8):
+        with pytest.raises(ValueError, match="decode_interval re-selects under a decode budget"):
+            CacheSpec.of("snapkv", 0.2, 8, decode_interval=interval)
+    assert CacheSpec.of("snapkv", 0.2, 8, decode_budget=16, decode_interval=8).decode == ckv.DecodeBudget(16, 8)
