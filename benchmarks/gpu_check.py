@@ -54,6 +54,7 @@ from criticalkv.bench.kvpress_quantized import pair_unavailable
 from criticalkv.bench.ours import measure_criticalkv, measure_full
 from criticalkv.bench.plan import Run, plan_runs
 from criticalkv.bench.record import BenchRecord
+from criticalkv.commands.common import budgets_arg, methods_arg
 from criticalkv.ops import ragged_decode_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,17 +111,32 @@ def say(step: str, text: str) -> None:
     print(f"[{step}] {text}", flush=True)
 
 
+def fractions_arg(text: str) -> list[float]:
+    """``--budgets``: kept fractions (the bench's kvpress presses take no token counts), each
+    checked at parse time, so a bad one is one line and exit 2 before minutes of device tests."""
+    budgets = budgets_arg(text)
+    counts = [b for b in budgets if not isinstance(b, float)]
+    if counts:
+        raise argparse.ArgumentTypeError(
+            f"{counts[0]} is a token count, and the check takes kept fractions in (0, 1]; pass e.g. 0.1,0.2"
+        )
+    return [float(b) for b in budgets]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The options; the bench's sizes default to :data:`LLAMA_8B`."""
+    """The options, each checked here (a bad one: argparse's one line, exit 2); the bench's sizes
+    default to :data:`LLAMA_8B`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tokens"):
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=int, default=getattr(LLAMA_8B, name), help="(default %(default)s)")
     parser.add_argument("--decode-steps", type=int, default=16, help="timed decode steps per run")
     parser.add_argument("--warmup-tokens", type=int, default=512, help="prompt of every run's untimed first pass")
-    parser.add_argument("--budgets", default="0.1,0.2", help="kept fractions, comma-separated")
+    parser.add_argument(
+        "--budgets", type=fractions_arg, default=[0.1, 0.2], help="kept fractions in (0, 1], comma-separated"
+    )
     parser.add_argument("--kv-bits", type=int, default=4, choices=(0, 8, 4), help="quantized storage (0: 16 only)")
-    parser.add_argument("--methods", default="snapkv,adakv,critical-adakv")
+    parser.add_argument("--methods", type=methods_arg, default=["snapkv", "adakv", "critical-adakv"])
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--kvpress", default="auto", choices=("auto", "off"), help="kvpress's presses beside ours")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds for the whole check")
@@ -271,8 +287,8 @@ def bench_config(args: argparse.Namespace, tokens: int, kvpress: bool) -> BenchC
     """The :class:`BenchConfig` of the bench (every option checked before a model is built)."""
     return BenchConfig(
         context_lengths=[tokens],
-        methods=[m for m in args.methods.split(",") if m],
-        budgets=[float(b) for b in args.budgets.split(",") if b],
+        methods=list(args.methods),
+        budgets=list(args.budgets),
         batch_sizes=[1],
         decode_tokens=args.decode_steps,
         window=args.window,

@@ -14,7 +14,7 @@ from criticalkv.commands import lm_eval as lm_eval_command
 from criticalkv.commands import perturbation as perturbation_command
 from criticalkv.commands import report as report_command
 from criticalkv.commands.cache_options import FLAGS
-from criticalkv.commands.common import DefaultsHelpFormatter, UsageError
+from criticalkv.commands.common import DISK_ERRNOS, DefaultsHelpFormatter, UsageError, disk_error
 from criticalkv.commands.version import library_version
 from criticalkv.options import OptionError
 
@@ -62,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError) as err:  # what the user can fix; anything else is a bug: its traceback shows
         logging.getLogger("criticalkv").debug("command failed", exc_info=True)
         print(f"criticalkv: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full or read-only disk, a folder without permission: one sentence
+        if err.errno not in DISK_ERRNOS:
+            raise
+        logging.getLogger("criticalkv").debug("command failed", exc_info=True)
+        print(f"criticalkv: error: {disk_error(err)}", file=sys.stderr)
         return 2
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.report import COMPRESS_SHARE, CRITICAL_EXTRA, derived, method_label
 from criticalkv.eval.plotting import method_style, pyplot
+from criticalkv.runs import write_atomically
 
 
 def _label(impl: str, method: str) -> str:
@@ -95,6 +97,8 @@ def plot(records: Sequence[dict[str, Any]], path: Path, title: str, caveats: Seq
     fig.tight_layout(rect=(0, 0.05 * len(footer), 1, 1))
     fig.text(0.01, 0.01, "\n".join(footer), fontsize=7, va="bottom", wrap=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomically(path, functools.partial(fig.savefig, dpi=120))
+    finally:
+        plt.close(fig)
     return path

@@ -127,7 +127,7 @@ def measure_criticalkv(
         budget,
         window,
         decode_budget=decode_budget,
-        decode_interval=decode_interval,
+        decode_interval=DEFAULT_INTERVAL if decode_budget is None else decode_interval,  # a run without one
         config=model.config,
         **quantized,
     )

@@ -10,6 +10,7 @@ with its flags.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,10 +20,11 @@ from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
 from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
+from criticalkv.cache.spec_options import INTERVAL_WITHOUT_BUDGET, spec_keywords
 from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
-from criticalkv.options import OptionTypeError
+from criticalkv.options import OptionError, OptionTypeError
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,32 @@ class CacheSpec:
         """The spec of the public keyword arguments, every option checked (``config``: the model's,
         to check the group size against its head dimension).
 
+        A ``decode_interval`` other than the default without a ``decode_budget`` (it would be
+        ignored) is refused. (A ``kv_group_size`` or ``kv_residual`` at 16 bits is accepted here, so
+        code can sweep ``kv_bits`` with fixed storage options; :meth:`parse` and the command line
+        refuse it.)
+
         Raises
         ------
         OptionError
             (a ``ValueError``; an :class:`~criticalkv.options.OptionTypeError` for a wrong type)
             naming the option, before any work.
         """
+        if decode_budget is None and decode_interval != DEFAULT_INTERVAL:  # it would be ignored
+            raise OptionError(INTERVAL_WITHOUT_BUDGET)
         decode = None if decode_budget is None else DecodeBudget(decode_budget, decode_interval)
         storage = quantization_for(kv_bits, kv_group_size, kv_residual, validate_budget(budget), config=config)
         return cls(get_method(method), budget, window, decode, storage)
+
+    @classmethod
+    def parse(
+        cls, options: Mapping[str, Any], *, defaults: Mapping[str, Any] | None = None, config: Any = None
+    ) -> CacheSpec:
+        """The spec of options given as text or loose values (lm-eval's ``model_args``, a request's
+        JSON): each converted strictly by :func:`~criticalkv.cache.spec_options.spec_keywords` (used
+        as given or refused, never replaced), over ``defaults`` (keywords of :meth:`of`), then
+        checked by :meth:`of`. The one validation every entry point shares."""
+        return cls.of(**{**(defaults or {}), **spec_keywords(options)}, config=config)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, Method):
@@ -108,6 +127,11 @@ class CacheSpec:
         except ValueError:
             return None
         return per_head if per_head < tokens else None
+
+    def compresses_some(self, longest: int) -> bool:
+        """Whether this spec compresses any prompt of at most ``longest`` tokens (a longer prompt
+        only helps: the budget grows with it, the window does not)."""
+        return self.entries_per_head(longest) is not None
 
     def with_method(self, method: Method) -> CacheSpec:
         """The same spec for ``method`` (e.g. the method bound to a model)."""

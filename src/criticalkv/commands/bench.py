@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.bench.runner import load_records, run_bench
     from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
+    from criticalkv.runs import write_text_atomically
 
     config = _config(args)
     if config.kvpress == "on":  # required: one sentence naming the extra, before the model loads
@@ -87,14 +88,14 @@ def run(args: argparse.Namespace) -> int:
     records = [r.to_dict() for r in measured]
     if args.out is not None:
         records = load_records(args.out / "records.jsonl")  # this run's and any resumed ones
-        (args.out / "results.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+        write_text_atomically(args.out / "results.json", json.dumps(records, indent=1) + "\n")
     warnings = caveats(config.repeats)
     for warning in warnings:
         print(warning, file=sys.stderr)
     table = format_table(records, [*notes, *warnings])
     title = f"criticalkv bench: {args.model} model, {records[0]['device'] if records else '-'}"
     if args.out is not None:
-        (args.out / "table.txt").write_text(title + "\n" + table + "\n", encoding="utf-8")
+        write_text_atomically(args.out / "table.txt", title + "\n" + table + "\n")
         png = plot(records, args.out / "bench.png", title, warnings)
     if args.json:
         print(json.dumps(records))

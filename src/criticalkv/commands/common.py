@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,18 @@ def _absent(module: str) -> bool:
         return True
 
 
+#: the errors of a disk the user can fix: full, over quota, read-only, not permitted
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def disk_error(error: OSError) -> str:
+    """One sentence for an ``OSError`` of :data:`DISK_ERRNOS` (naming its file where it has one)."""
+    where = f"write {error.filename}" if error.filename else "write its output"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"could not {where}: {error.strerror}; free some space there (or pass another folder) and run it again"
+    return f"could not {where}: {error.strerror}; pass a folder you can write to"
+
+
 def budget_arg(text: str) -> Budget:
     from criticalkv.budgets.resolve import parse_budget  # here, not at import: --help never loads torch
 
@@ -56,8 +69,17 @@ def budget_arg(text: str) -> Budget:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def list_parts(text: str, example: str) -> list[str]:
+    """The comma-separated parts of ``text``; an empty list (``--budgets ""``) is refused, never read
+    as "none" or as the default (``example``: what the error suggests)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"the list is empty ({text!r}); pass e.g. {example}, or omit the option")
+    return parts
+
+
 def budgets_arg(text: str) -> list[Budget]:
-    return [budget_arg(part) for part in text.split(",") if part.strip()]
+    return [budget_arg(part) for part in list_parts(text, "0.1,0.2")]
 
 
 def method_arg(name: str) -> str:
@@ -70,13 +92,14 @@ def method_arg(name: str) -> str:
 
 
 def methods_arg(text: str) -> list[str]:
-    return [method_arg(part.strip()) for part in text.split(",") if part.strip()]
+    return [method_arg(part) for part in list_parts(text, "snapkv,critical-adakv")]
 
 
 def ints_arg(text: str) -> list[int]:
     """Comma-separated integers, e.g. ``1024,2048``."""
+    parts = list_parts(text, "1024,2048")
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in parts]
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from err
 

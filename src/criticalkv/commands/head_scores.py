@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from criticalkv.commands.common import UsageError, add_model_arguments
+from criticalkv.commands.common import UsageError, add_model_arguments, list_parts
 from criticalkv.commands.inputs import output_folder
 
 NAME = "head-scores"
@@ -14,8 +14,9 @@ HELP = "compute per-head retrieval(-reasoning) importance scores for HeadKV budg
 
 
 def _lengths(text: str) -> tuple[int, ...]:
+    parts = list_parts(text, "1024,2048")
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        return tuple(int(part) for part in parts)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"lengths must be token counts such as 1024,2048: {err}") from err
 

@@ -12,8 +12,10 @@ skipped; the rest run.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from criticalkv.eval.metrics import METRICS
@@ -28,15 +30,37 @@ def line_hash(row: dict[str, object]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _read_lines(path: Path) -> list[str]:
+#: the longest line a dataset file may have, in bytes: 64 MiB, about 16 million tokens of English,
+#: far beyond any model's context (a longer line is refused before it is read into memory)
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+def _read_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 file (a byte-order mark dropped), each read at most :data:`MAX_LINE_BYTES`
+    at a time, so a huge line is refused without holding it."""
     if path.is_dir():
         raise ValueError(f"dataset {path} is a folder; pass a JSONL file")
     if not path.is_file():
         raise ValueError(f"dataset file {path} does not exist")
+    with path.open("rb") as handle:
+        for number in itertools.count(1):
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(
+                    f"line {number} of dataset file {path} is over {MAX_LINE_BYTES:,} bytes, longer than any "
+                    "model's context; split it into samples of at most that size"
+                )
+            yield _decode(raw, path, number)
+
+
+def _decode(raw: bytes, path: Path, number: int) -> str:
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"dataset file {path} is not UTF-8 text ({error}); save it as UTF-8") from None
+    return text.rstrip("\r\n")
 
 
 def load_dataset_file(path: str | Path) -> list[Sample]:

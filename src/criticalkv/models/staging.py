@@ -26,7 +26,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from criticalkv.models.paths import _DEFAULT_MODEL_NAME, cache_dir
+from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _build_lock(name: str) -> Iterator[None]:
         try:
             lock.acquire(timeout=_BUILD_LOCK_TIMEOUT_S)
         except Timeout as error:
-            raise RuntimeError(
+            raise ModelCacheError(
                 f"another process has held {path} for {_BUILD_LOCK_TIMEOUT_S // 60} minutes while fetching or "
                 f"converting {name}. The OS frees that lock when the process ends, so one still runs: wait for "
                 "it or stop it, then try again."

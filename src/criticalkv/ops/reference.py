@@ -61,6 +61,54 @@ def check_entry_starts(entry_starts: torch.Tensor | None) -> None:
         raise ValueError(f"entry_starts must be (NB,) int32, not {tuple(entry_starts.shape)} {entry_starts.dtype}")
 
 
+#: what every implementation says of a block table or lengths that reach outside the pool
+OUTSIDE_POOL = "the block table or lengths reach outside the pool"
+
+
+def reaches_outside_pool(
+    block_table: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+    pool_rows: int,
+    entry_starts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A 0-d bool tensor on the table's device: whether some sequence's length or blocks reach
+    outside the pool (a length below 0 or beyond its row of the table, a block the length uses that
+    is -1 or no pool block, or whose rows pass the pool's ``pool_rows``). The check every
+    implementation makes before reading (the C kernel's own, in C, is the same rule)."""
+    m = int(block_table.shape[1])
+    lengths = lengths.long()
+    offsets = torch.arange(m, device=block_table.device)[None, :] * block_size
+    used = offsets < lengths[:, None]  # (S, M): the blocks each length reaches
+    blocks = block_table.long()
+    n_blocks = int(entry_starts.shape[0]) if entry_starts is not None else -(-pool_rows // block_size)
+    bad = ((lengths < 0) | (lengths > m * block_size)).any()
+    bad = bad | (used & ((blocks < 0) | (blocks >= n_blocks))).any()
+    if n_blocks == 0:
+        return bad | used.any()
+    safe = blocks.clamp(0, n_blocks - 1)
+    starts = safe * block_size if entry_starts is None else entry_starts.long()[safe]
+    rows = (lengths[:, None] - offsets).clamp(0, block_size)
+    return bad | (used & ((starts < 0) | (starts + rows > pool_rows))).any()
+
+
+def check_in_pool(
+    block_table: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+    pool_rows: int,
+    entry_starts: torch.Tensor | None = None,
+) -> None:
+    """A ``ValueError`` (:data:`OUTSIDE_POOL`) if :func:`reaches_outside_pool`. On a CUDA table the
+    check is asynchronous (``torch._assert_async``: no host sync on the decode path; a table outside
+    the pool stops the process with a device-side assert rather than reading past the pool)."""
+    outside = reaches_outside_pool(block_table, lengths, block_size, pool_rows, entry_starts)
+    if outside.device.type == "cuda":
+        torch._assert_async(~outside, OUTSIDE_POOL)
+    elif bool(outside):
+        raise ValueError(OUTSIDE_POOL)
+
+
 def gather_rows(
     block_table: torch.Tensor, lengths: torch.Tensor, block_size: int, entry_starts: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -125,6 +173,7 @@ def ragged_decode_reference(
     sequences at a time (:data:`CHUNK_ENTRIES`)."""
     check_layout(query, key_pool, value_pool, block_table, lengths, block_size, tail_keys, tail_values, tail_mask, bits)
     check_entry_starts(entry_starts)
+    check_in_pool(block_table, lengths, block_size, int(key_pool.shape[0]), entry_starts)
     pools = (key_pool, value_pool)
     stats = (key_scale, key_zero, value_scale, value_zero)
     s = int(query.shape[0])

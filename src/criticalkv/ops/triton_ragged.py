@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from criticalkv.ops.ragged_decode import mark_fast
-from criticalkv.ops.reference import check_layout
+from criticalkv.ops.reference import check_in_pool, check_layout
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +254,22 @@ def _check_quantized(
     return group
 
 
+def interpreted() -> bool:
+    """Whether this module's kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` was set
+    when it was imported)."""
+    return triton is not None and type(_split_kernel).__name__ == "InterpretedFunction"
+
+
+def _check_device(device: torch.device) -> None:
+    """A ``ValueError`` for CPU tensors unless the kernels are interpreted (Triton has no CPU driver)."""
+    if device.type != "cuda" and not interpreted():
+        raise ValueError(
+            f"the Triton kernel runs on CUDA tensors, or on CPU tensors only under Triton's interpreter "
+            f"(TRITON_INTERPRET=1 set before criticalkv is imported), not on {device.type} tensors; "
+            "call criticalkv.ops.ragged_decode, which runs the CPU kernel there"
+        )
+
+
 def triton_ragged_decode(
     query: torch.Tensor,
     key_pool: torch.Tensor,
@@ -278,10 +294,12 @@ def triton_ragged_decode(
     this module: on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``."""
     if triton is None:
         raise RuntimeError("triton_ragged_decode needs triton (pip install triton)")
+    _check_device(query.device)
     check_layout(query, key_pool, value_pool, block_table, lengths, block_size, tail_keys, tail_values, tail_mask, bits)
     s, q, d = query.shape
     stats = [key_scale, key_zero, value_scale, value_zero]
     group = _check_quantized(d, bits, stats, value_group, entry_starts)
+    check_in_pool(block_table, lengths, block_size, int(key_pool.shape[0]), entry_starts)
     out = torch.empty((s, q, d), dtype=query.dtype, device=query.device)
     if out.numel() == 0:
         return out

@@ -7,7 +7,14 @@ and its history) beside an append-only JSONL log of records, resumed by key.
 * :mod:`~criticalkv.runs.provenance` -- library versions, platform and git commit.
 """
 
-from criticalkv.runs.folder import FolderLayout, open_folder, read_json, write_json
+from criticalkv.runs.folder import (
+    FolderLayout,
+    open_folder,
+    read_json,
+    write_atomically,
+    write_json,
+    write_text_atomically,
+)
 from criticalkv.runs.jsonl import JsonLines, ResultsWriteError
 from criticalkv.runs.lock import DEFAULT_WAIT, FolderBusy, check_folder_path, writer_lock
 from criticalkv.runs.provenance import git_commit, provenance, versions
@@ -24,6 +31,8 @@ __all__ = [
     "provenance",
     "read_json",
     "versions",
+    "write_atomically",
     "write_json",
+    "write_text_atomically",
     "writer_lock",
 ]

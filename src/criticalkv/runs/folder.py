@@ -82,9 +82,30 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def write_json(path: Path, data: Mapping[str, Any], trailing_newline: bool = False) -> None:
     """Write ``data`` (indented) through a temporary file, so a reader never sees half of it."""
-    staging = path.with_suffix(path.suffix + ".tmp")
-    staging.write_text(json.dumps(data, indent=2) + ("\n" if trailing_newline else ""))
-    os.replace(staging, path)
+    text = json.dumps(data, indent=2) + ("\n" if trailing_newline else "")
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+    """``write(temporary)`` then rename it to ``path``, so ``path`` is whole or as it was: a full or
+    read-only disk leaves no empty or partial file (the temporary is removed), and the ``OSError``
+    names ``path`` (the command line says it in one sentence). The temporary keeps ``path``'s
+    suffix (matplotlib picks the format from it)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from error
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
+
+
+def write_text_atomically(path: Path, text: str) -> Path:
+    """:func:`write_atomically` of UTF-8 ``text``."""
+    return write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def identity_diff(layout: FolderLayout, before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:

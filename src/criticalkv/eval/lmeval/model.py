@@ -28,10 +28,11 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
+from lm_eval.utils import simple_parse_args_string
 
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
-from criticalkv.eval.lmeval.options import LMEvalOptions
+from criticalkv.eval.lmeval.options import LMEvalOptions, available_device, check_compresses_some, merged_args
 from criticalkv.eval.lmeval.usage import KVUsage
 from criticalkv.methods import get_method
 from criticalkv.models import load_model
@@ -50,9 +51,23 @@ class CriticalKVLM(HFLM):
     ``device``, ``batch_size`` and ``max_length`` as lm-eval's ``hf`` model takes them.
     """
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> CriticalKVLM:
+        """lm-eval's ``--model_args`` with its own ``--batch_size``, ``--max_batch_size`` and
+        ``--device`` (which it always passes): a name in ``model_args`` wins (see :func:`merged_args`)."""
+        return cls(**merged_args(simple_parse_args_string(arg_string), additional_config))
+
+    @classmethod
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> CriticalKVLM:
+        """As :meth:`create_from_arg_string`, from a dictionary of model arguments."""
+        return cls(**merged_args(dict(arg_dict), additional_config))
+
     def __init__(self, pretrained: str = "default", **model_args: Any) -> None:
         options = LMEvalOptions.parse(pretrained=pretrained, **model_args)
-        model, tokenizer = load_model(options.pretrained, device=options.device, dtype=options.dtype)
+        device = available_device(options.device)
+        model, tokenizer = load_model(options.pretrained, device=device, dtype=options.dtype)
         attach(model)
         self.spec = bind_spec(CacheSpec.of(**options.spec_keywords, config=model.config), model)
         self.usage = KVUsage()
@@ -64,6 +79,7 @@ class CriticalKVLM(HFLM):
             max_batch_size=options.max_batch_size,
             max_length=options.max_length,
         )
+        check_compresses_some(self.spec, self.max_length)
 
     # --- which spec a prompt gets -----------------------------------------------------------
     def _compresses(self, tokens: int) -> bool:
@@ -191,7 +207,17 @@ class CriticalKVLM(HFLM):
     def get_model_info(self) -> dict[str, Any]:
         """``HFLM``'s model info and a ``criticalkv`` entry: the spec and the KV bytes measured."""
         info = super().get_model_info()
-        info["criticalkv"] = {"pretrained": self.source, **self.spec.keywords(), **self.usage.summary()}
+        summary = self.usage.summary(compressing=self.spec.method.compresses)
+        if summary["compressed_nothing"]:
+            logger.warning(
+                "method %s compressed NONE of the %d prompts of this run: every prompt was kept whole (the "
+                "full cache), so these results are the full cache's, not %s's at budget %s",
+                self.spec.method.name,
+                summary["prompts"],
+                self.spec.method.name,
+                self.spec.budget,
+            )
+        info["criticalkv"] = {"pretrained": self.source, **self.spec.keywords(), **summary}
         return info
 
 

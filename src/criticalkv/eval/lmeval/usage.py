@@ -29,10 +29,13 @@ class KVUsage:
         self.kv_bytes_full += full
         (self.whole if whole else self.compressed).extend([held / full if full else 1.0] * rows)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, compressing: bool = True) -> dict[str, Any]:
         """What the results file records: the mean ratio over all prompts and over the compressed
-        ones, the byte totals, and the counts."""
+        ones, the byte totals, the counts, and ``compressed_nothing``: a ``compressing`` method's
+        run in which every prompt was kept whole (its numbers are the full cache's)."""
+        prompts = len(self.compressed) + len(self.whole)
         return {
+            "compressed_nothing": compressing and prompts > 0 and not self.compressed,
             "kv_ratio_mean": _mean(self.compressed + self.whole),
             "kv_ratio_mean_compressed": _mean(self.compressed),
             "kv_bytes": self.kv_bytes,

@@ -19,7 +19,7 @@ import torch
 from criticalkv.ops.cpu.args import DecodeArgs
 from criticalkv.ops.cpu.build import decode_kernel
 from criticalkv.ops.ragged_decode import ragged_decode
-from criticalkv.ops.reference import check_entry_starts, check_layout, ragged_decode_reference
+from criticalkv.ops.reference import OUTSIDE_POOL, check_entry_starts, check_layout, ragged_decode_reference
 
 logger = logging.getLogger(__name__)
 _said: set[str] = set()
@@ -178,7 +178,7 @@ def _call(
     if status == -2:
         raise RuntimeError("the C decode kernel was built for another argument layout: delete it to rebuild it")
     if status == -3:
-        raise ValueError("the block table or lengths reach outside the pool")
+        raise ValueError(OUTSIDE_POOL)
     if status != 0:
         raise MemoryError("the C decode kernel could not allocate its workspace")
     return out
