@@ -495,3 +495,28 @@ def test_repair_of_the_real_tokenizer_as_transformers_5_2_breaks_it(default_mode
     assert repaired.apply_chat_template(messages, add_generation_prompt=True) == good.apply_chat_template(
         messages, add_generation_prompt=True
     )
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_cpu_default_dtype_follows_the_cpus_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """bfloat16 by default on a CPU that computes it in hardware (AVX512_BF16 or AMX), float32
+    elsewhere; an explicit dtype wins either way (docs/performance.md, "bfloat16 on the CPU")."""
+    from criticalkv.models import device
+
+    folder = _save(tmp_path, "llama", _tiny_llama())
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert device.native_cpu_bf16() is native
+    model, _ = load_model(folder, device="cpu")
+    assert model.dtype == (torch.bfloat16 if native else torch.float32)
+    model, _ = load_model(folder, device="cpu", dtype="float32")
+    assert model.dtype == torch.float32
+
+
+def test_native_cpu_bf16_reads_torchs_probes() -> None:
+    probes = [torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_amx_tile_supported()]
+    from criticalkv.models import native_cpu_bf16
+
+    assert native_cpu_bf16() is any(probes)

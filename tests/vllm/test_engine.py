@@ -42,7 +42,7 @@ def folder() -> str:
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(folder: str) -> tuple[Any, Any]:
-    model, tokenizer = ckv.load_model(folder)
+    model, tokenizer = ckv.load_model(folder, dtype="float32")  # as the vLLM engines here: the same numbers
     return ckv.attach(model), tokenizer
 
 

@@ -62,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_the_server_answers_with_the_compressed_cache(server: Any) -> None:
     client, _, log = server
-    model, tokenizer = ckv.load_model(str(default_model_folder()))
+    model, tokenizer = ckv.load_model(str(default_model_folder()), dtype="float32")  # as the server
     ckv.attach(model)
     text = (ROOT / "docs" / "methods.md").read_text()[:3000] + "\nQuestion: what is this about? Answer:"
     ids = tokenizer(text)["input_ids"]

@@ -107,4 +107,8 @@ def ints_arg(text: str) -> list[int]:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct, offline), a folder or hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float32, bfloat16 or float16 (default on CPU: bfloat16 where it runs in hardware, else float32)",
+    )

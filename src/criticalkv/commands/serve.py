@@ -50,6 +50,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=128,
         help="chat prompts of at least this many tokens are compressed beside the decode steps (0: all)",
     )
+    p.add_argument(
+        "--prefill-batch-tokens",
+        type=int,
+        default=16384,
+        help="prompts that arrive together are compressed in one prefill of at most this many (padded) tokens",
+    )
+    p.add_argument(
+        "--prefill-gather-ms",
+        type=float,
+        default=50,
+        help="an idle compressor waits this long for prompts sent at the same moment, to batch them",
+    )
     p.add_argument("--store", type=Path, default=None, help="folder of stored contexts (default: a temporary one)")
     add_cache_arguments(p, decode=False)  # server-wide: every compressed context and answer cache
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
@@ -90,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         max_batch=args.max_batch,
         offload_prompt_tokens=args.offload_prompt_tokens,
+        prefill_batch_tokens=args.prefill_batch_tokens,
+        prefill_gather_s=args.prefill_gather_ms / 1000,
         store=args.store,
         api_key=api_key,
         kv_bits=storage["kv_bits"] or 16,
@@ -121,11 +135,14 @@ def _check_limits(args: argparse.Namespace) -> None:
         ("--max-new-tokens", args.max_new_tokens),
         ("--max-sessions", args.max_sessions),
         ("--max-batch", args.max_batch),
+        ("--prefill-batch-tokens", args.prefill_batch_tokens),
     ):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
     if args.offload_prompt_tokens < 0:
         raise UsageError("--offload-prompt-tokens must be 0 (every prompt) or a positive number of tokens")
+    if not math.isfinite(args.prefill_gather_ms) or not 0 <= args.prefill_gather_ms <= 10_000:
+        raise UsageError(f"--prefill-gather-ms must be between 0 and 10000 milliseconds, not {args.prefill_gather_ms}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be a TCP port between 0 and 65535, not {args.port}")
     if not math.isfinite(args.max_body_mib) or args.max_body_mib <= 0:

@@ -32,7 +32,7 @@ The modules, each using only those above it:
 * :mod:`~criticalkv.models.loading` -- :func:`load_model` and :func:`load_tokenizer` by name.
 """
 
-from criticalkv.models.device import DeviceMap
+from criticalkv.models.device import DeviceMap, native_cpu_bf16
 from criticalkv.models.loading import DEFAULT_MODEL, default_model_folder, load_model, load_tokenizer
 from criticalkv.models.paths import ModelCacheError, cache_dir, default_model_dir
 from criticalkv.models.support import SUPPORTED_ARCHITECTURES, check_supported
@@ -48,4 +48,5 @@ __all__ = [
     "default_model_folder",
     "load_model",
     "load_tokenizer",
+    "native_cpu_bf16",
 ]

@@ -184,8 +184,10 @@ def load_model(
         Where to put the model; default ``"cuda"`` if available, else ``"cpu"``.
     dtype : torch.dtype or str, optional
         Parameter dtype, e.g. ``torch.bfloat16`` or ``"bfloat16"``, ``"float16"``, ``"float32"``.
-        Default: float32 on CPU; on GPU the checkpoint's dtype if it is a 16-bit type, else
-        bfloat16.
+        Default on CPU: bfloat16 where the CPU computes it in hardware (AVX512_BF16 or AMX,
+        :func:`~criticalkv.models.device.native_cpu_bf16`), float32 elsewhere; on GPU the
+        checkpoint's dtype if it is a 16-bit type, else bfloat16. Pass ``"float32"`` to reproduce
+        results recorded in float32.
     device_map : str or dict, optional
         Passed to transformers' ``from_pretrained`` instead of moving the model to ``device``:
         ``"auto"`` shards a large model across the visible GPUs (layer by layer; the compressed

@@ -47,6 +47,7 @@ class CompletionRequest(Compression):
     echo: bool = False
     n: int | None = None
     stream: bool = False
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
 
 
 class TokenScore(BaseModel):
@@ -162,8 +163,9 @@ def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: i
     check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
     admitted = time.perf_counter()
     return ChatWork(
-        ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop)
-    )
+        ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop),
+        ignore_eos=body.ignore_eos,
+    )  # fmt: skip
 
 
 async def _generate(work: ChatWork, engine: Engine) -> tuple[dict[str, Any], list[TokenScore]]:

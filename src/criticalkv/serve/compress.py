@@ -10,9 +10,11 @@ import torch
 
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
+from criticalkv.cache.batch import split_rows
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.methods import bind, get_method
-from criticalkv.runtime import RepeatPrompt, compress_prompt, input_device
+from criticalkv.prompts import left_pad
+from criticalkv.runtime import RepeatPrompt, compress_prompt, compresses_in_prefill, input_device
 from criticalkv.serve.errors import invalid
 
 
@@ -82,3 +84,24 @@ def compress(
     tensor = torch.tensor([ids], dtype=torch.long, device=input_device(model))
     cache, last = compress_prompt(model, tensor, torch.ones_like(tensor), spec, reconstruction=repeat)
     return cache, last[0]
+
+
+def batchable(method: str, quantization: KVQuantization | None) -> bool:
+    """Whether prompts compressed by ``method`` may share one batched prefill (:func:`compress_rows`):
+    a method that selects during the prefill, over 16-bit storage. A quantized cache cannot split
+    its rows, and KVzip scores a reconstruction pass of each prompt: those are compressed alone."""
+    return quantization is None and compresses_in_prefill(get_method(method))
+
+
+@torch.no_grad()
+def compress_rows(
+    model: Any, rows: list[list[int]], method: str, budget: float, window: int
+) -> list[tuple[CompressedCache, torch.Tensor]]:
+    """Several prompts compressed in one left-padded prefill (:func:`batchable` methods only), each
+    returned as its own single-row cache with the (V,) logits that follow it: the cache and logits
+    :func:`compress` gives the prompt alone (:func:`~criticalkv.cache.batch.split_rows`)."""
+    spec = bind_spec(CacheSpec(get_method(method), budget, window), model)
+    ids, mask = left_pad(rows, 0)
+    device = input_device(model)
+    cache, last = compress_prompt(model, ids.to(device), mask.to(device), spec)
+    return list(zip(split_rows(cache, [len(row) for row in rows]), last, strict=True))

@@ -25,7 +25,9 @@ class ServerConfig:
     also bounds the batch: an answer starts only if the stored context it reads (counted once
     however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``). A chat
     prompt of at least ``offload_prompt_tokens`` tokens is compressed on the compression thread
-    beside the decode steps (:mod:`~criticalkv.serve.prompts`), a shorter one on the decode worker.
+    beside the decode steps (:mod:`~criticalkv.serve.prompts`), a shorter one on the decode worker;
+    prompts queued together are compressed together (up to ``max_batch`` prompts and
+    ``prefill_batch_tokens`` padded tokens in one prefill).
     """
 
     model_name: str = "default"
@@ -40,6 +42,10 @@ class ServerConfig:
     max_sessions: int = 16
     max_batch: int = 8
     offload_prompt_tokens: int = 128
+    #: prompts queued together are compressed in one prefill of at most this many padded tokens
+    prefill_batch_tokens: int = 16384
+    #: an idle compression thread waits this long for prompts sent at the same moment (to batch them)
+    prefill_gather_s: float = 0.05
     store: Path | None = None
     kv_bits: int = 16
     kv_group_size: int | None = None  # None: the bit width's default (quant_spec.DEFAULT_GROUP_SIZES)

@@ -92,7 +92,10 @@ class Engine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="criticalkv-worker", daemon=True)
         self.compressor = Compressor()  # posted documents and long prompts, beside the decode steps
-        self.prompts = PromptCompressions(self.compressor, model)
+        self.prompts = PromptCompressions(
+            self.compressor, model, config.prefill_batch_tokens, config.max_batch, config.prefill_gather_s
+        )
+        self.prompts.on_batch = self.metrics.prompt_batch
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:

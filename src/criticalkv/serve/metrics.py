@@ -33,6 +33,9 @@ class Metrics:
         self.start_steps_total = 0
         self.start_rows_total = 0
         self.start_rows_max = 0
+        self.prompt_batches_total = 0
+        self.prompt_batch_rows_total = 0
+        self.prompt_batch_rows_max = 0
         self.row_bytes: list[tuple[str, int]] = []  # (stored context or "", own KV bytes) per decode row
         self.rows_bytes = 0  # the rows' own bytes plus each stored context they read, once
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
@@ -58,6 +61,13 @@ class Metrics:
             self.start_steps_total += 1
             self.start_rows_total += rows
             self.start_rows_max = max(self.start_rows_max, rows)
+
+    def prompt_batch(self, rows: int) -> None:
+        """One compression of ``rows`` prompts in one batched prefill (the compression thread)."""
+        with self._lock:
+            self.prompt_batches_total += 1
+            self.prompt_batch_rows_total += rows
+            self.prompt_batch_rows_max = max(self.prompt_batch_rows_max, rows)
 
     def rows(self, sessions: Sequence[Any], total: int) -> None:
         """What the decode rows hold now: each row's own KV bytes, and ``total`` (with the stored
@@ -110,6 +120,24 @@ class Metrics:
             ),
             ("criticalkv_start_rows_total", "counter", "answers over all batched starts", self.start_rows_total),
             ("criticalkv_start_rows_max", "gauge", "the most answers one batched start held", self.start_rows_max),
+            (
+                "criticalkv_prompt_batches_total",
+                "counter",
+                "prompt compressions (batched prefills)",
+                self.prompt_batches_total,
+            ),
+            (
+                "criticalkv_prompt_batch_rows_total",
+                "counter",
+                "prompts over all prompt compressions",
+                self.prompt_batch_rows_total,
+            ),
+            (
+                "criticalkv_prompt_batch_rows_max",
+                "gauge",
+                "the most prompts one prefill compressed",
+                self.prompt_batch_rows_max,
+            ),
             (
                 "criticalkv_rows_kv_bytes",
                 "gauge",

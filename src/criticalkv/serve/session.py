@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.serve.compress import compress
+from criticalkv.serve.compress import batchable, compress
 from criticalkv.serve.sampling import Sampling, TokenChooser
 from criticalkv.serve.stops import StopText
 
@@ -48,6 +48,7 @@ class ChatWork:
     admitted_at: float
     sampling: Sampling = field(default_factory=Sampling)
     stops: tuple[str, ...] = ()  # the answer ends before the first of them
+    ignore_eos: bool = False  # an end-of-sequence token does not end the answer (vLLM's benchmark option)
 
 
 class IncrementalText:
@@ -116,6 +117,14 @@ class Session:
             engine.model, work.prompt_ids, work.method, work.budget, window, engine.quantization, engine.repeat
         )
 
+    def batch_key(self) -> tuple[str, float, int] | None:
+        """What the prompts compressed in one batch with this one share (method, budget, window), or
+        ``None`` if this prompt is compressed alone (:func:`~criticalkv.serve.compress.batchable`)."""
+        work = self.work
+        if not batchable(work.method, self.engine.quantization):
+            return None
+        return work.method, work.budget, min(work.window, len(work.prompt_ids))
+
     def holds_memory(self) -> bool:
         """Whether the answer holds (or, being compressed, is building) KV bytes of its own."""
         return self.cache is not None or self.compressing
@@ -146,7 +155,7 @@ class Session:
         return self.channel.cancelled.is_set()
 
     def _emit(self, token: int) -> None:
-        if token in self.engine.eos:
+        if token in self.engine.eos and not self.work.ignore_eos:
             self._finish("stop")
             return
         self.tokens.append(token)
