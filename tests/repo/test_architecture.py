@@ -19,6 +19,8 @@ from tests.helpers.architecture import (
     needs_readers,
     private_access,
     read_package,
+    room_cycles,
+    storage_namers,
     storage_probes,
 )
 
@@ -44,6 +46,15 @@ def test_no_import_circles() -> None:
     assert not cycles, report(
         "modules of src/criticalkv import each other in a circle",
         "move what both need into a lower module, or pass it in instead of importing it",
+        cycles,
+    )
+
+
+def test_rooms_import_each_other_in_no_circle() -> None:
+    cycles = room_cycles(PACKAGE)
+    assert not cycles, report(
+        "rooms of src/criticalkv (its subpackages and the package's face) import each other in a circle",
+        "move the part that imports upward into the room above (as the head-score computation went to analysis/)",
         cycles,
     )
 
@@ -113,6 +124,20 @@ def test_nothing_outside_a_storage_asks_which_storage_it_is() -> None:
         "isinstance on a storage subpackage's class outside it",
         "add what the caller needs to the Storage interface (cache/storage.py) and implement it in each storage",
         probes,
+    )
+
+
+#: the one module that maps a storage spec type to its storage class (issue 43)
+STORAGE_TABLE = "criticalkv.cache.storage_table"
+
+
+def test_only_the_storage_table_names_a_storage_class() -> None:
+    namers = storage_namers(PACKAGE, "criticalkv.cache", STORAGES, STORAGE_TABLE)
+    assert not namers, report(
+        "a storage subpackage's Storage class named outside it and the storage table",
+        "build storages with criticalkv.cache.new_storage(spec), and register a new one in STORAGES "
+        "(cache/storage_table.py)",
+        namers,
     )
 
 
@@ -240,11 +265,20 @@ def test_a_cycle_names_the_imports_that_close_it(tmp_path: Path) -> None:
         ({"scores/base.py": "from ..cache.layer import Layer\n"}, "pkg.scores.base -> pkg.cache.layer"),
         ({"select.py": "from pkg.cache import Cache\n"}, "pkg.select -> pkg.cache (pkg/select.py:1)"),
         ({"budgets/__init__.py": "from pkg.cache.store import Cache\n"}, "pkg.budgets -> pkg.cache.store"),
+        ({"headscores.py": "from pkg.runtime import attach\n", "runtime.py": ""}, "pkg.headscores -> pkg.runtime"),
     ],
 )
 def test_layering_violations_are_found(tmp_path: Path, changes: dict[str, str], expected: str) -> None:
     found = layering_violations(write_package(tmp_path, changes))
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_room_circles_are_found_through_the_face_too(tmp_path: Path) -> None:
+    assert room_cycles(write_package(tmp_path, {})) == []
+    # methods -> scores is fine; scores -> (the face ->) methods closes a circle
+    (found,) = room_cycles(write_package(tmp_path, {"scores/base.py": "from pkg import Method\n"}))
+    assert found.startswith("(face) <-> methods <-> scores: ")
+    assert "pkg.scores.base -> pkg (pkg/scores/base.py:1)" in found
 
 
 def test_long_files_are_found(tmp_path: Path) -> None:
@@ -316,3 +350,18 @@ def test_needs_readers_are_found(tmp_path: Path) -> None:
     }
     found = needs_readers(write_package(tmp_path, changes), ["pkg.runtime.compress"])
     assert found == ["pkg/eval/unit.py:2: m.needs.queries", "pkg/eval/unit.py:2: needs.reconstruction"]
+
+
+def test_storage_classes_named_outside_the_table_are_found(tmp_path: Path) -> None:
+    changes = {
+        "cache/base.py": "class Storage:\n    pass\n",
+        "cache/fp8/__init__.py": "from pkg.cache.fp8.store import Fp8Storage\n",
+        "cache/fp8/store.py": "from pkg.cache.base import Storage\n\n\nclass Fp8Storage(Storage):\n    pass\n",
+        "cache/table.py": "from pkg.cache.fp8 import Fp8Storage\n\nSTORAGES = {int: Fp8Storage}\n",
+    }
+    assert storage_namers(write_package(tmp_path, changes), "pkg.cache", ["fp8"], "pkg.cache.table") == []
+    changes["cache/layer.py"] = (
+        "from pkg.cache import fp8\nfrom pkg.cache.fp8 import Fp8Storage\n\nx = fp8.Fp8Storage()\n"
+    )
+    found = storage_namers(write_package(tmp_path, changes), "pkg.cache", ["fp8"], "pkg.cache.table")
+    assert found == ["pkg/cache/layer.py:2: Fp8Storage", "pkg/cache/layer.py:4: Fp8Storage"]

@@ -26,7 +26,8 @@ class RaggedStorage(Storage):
     until read back (:meth:`_settle`), so bytes are never held twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spec: None = None) -> None:
+        super().__init__(spec)
         self.prefix: RaggedPrefix | None = None
         self.tail_keys: torch.Tensor | None = None
         self.tail_values: torch.Tensor | None = None
@@ -34,9 +35,6 @@ class RaggedStorage(Storage):
         self.fused: LengthBuckets | None = None
         self.owns_prefix = False
         self.tail_room: int | None = None
-
-    def empty(self) -> RaggedStorage:
-        return RaggedStorage()
 
     # --- the prefix ------------------------------------------------------------------------------
     def set_prefix(self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, *, reselected: bool) -> None:

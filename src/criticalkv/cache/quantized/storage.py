@@ -38,7 +38,7 @@ class QuantizedStorage(Storage):
     spec: KVQuantization
 
     def __init__(self, spec: KVQuantization) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.residual = spec.residual_for(None)
         self.prefix: QuantizedPrefix | None = None
         self.tail_room: int | None = None
@@ -63,8 +63,9 @@ class QuantizedStorage(Storage):
             raise RuntimeError("this storage holds no prefix yet")
         return self.geometry
 
-    def empty(self) -> QuantizedStorage:
-        return QuantizedStorage(self.spec)
+    @classmethod
+    def check_budget(cls, spec: KVQuantization, budget_tokens: int) -> None:
+        spec.check_budget(budget_tokens)  # an explicit residual longer than the budget
 
     # --- the prefix ------------------------------------------------------------------------------
     def set_prefix(self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, *, reselected: bool) -> None:
