@@ -390,3 +390,35 @@ def storage_namers(root: Path, parent: str, storages: Iterable[str], table: str)
                 if home and not (module == home or module.startswith(home + ".")):
                     out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {name}")
     return sorted(set(out))
+
+
+def script_imports(folder: Path) -> list[str]:
+    """Imports of one script of ``folder`` (e.g. ``benchmarks/``) by another: what scripts share lives
+    in the package (``criticalkv.bench``), so each script runs from anywhere with ``PYTHONPATH=src``."""
+    scripts = {path.stem for path in folder.glob("*.py")}
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            out += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in scripts - {path.stem}]
+    return out
+
+
+def decode_loops(folder: Path) -> list[str]:
+    """Decode steps written by hand in a script of ``folder``: a ``model(..., position_ids=...)`` call
+    inside a loop (step caches with :class:`criticalkv.bench.decode.Lockstep` or ``timed_decode``)."""
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        for loop in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(loop, (ast.For, ast.While)):
+                continue
+            for node in ast.walk(loop):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "model"
+                    and any(k.arg == "position_ids" for k in node.keywords)
+                ):
+                    out.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}(..., position_ids=...)")
+    return sorted(set(out))

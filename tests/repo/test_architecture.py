@@ -10,6 +10,7 @@ import pytest
 from tests.helpers.architecture import (
     MAX_FUNCTION_LINES,
     MAX_LINES,
+    decode_loops,
     face_violations,
     import_cycles,
     layering_violations,
@@ -20,11 +21,13 @@ from tests.helpers.architecture import (
     private_access,
     read_package,
     room_cycles,
+    script_imports,
     storage_namers,
     storage_probes,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+BENCHMARKS = SRC.parent / "benchmarks"
 PACKAGE = SRC / "criticalkv"
 
 
@@ -161,6 +164,24 @@ def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> No
         "modules outside the cache read needs.queries or needs.reconstruction",
         "compress through criticalkv.runtime.compress_prompt / prompt_states, which read them",
         readers,
+    )
+
+
+def test_no_benchmark_script_imports_another() -> None:
+    imports = script_imports(BENCHMARKS)
+    assert not imports, report(
+        "benchmarks/ scripts import another script",
+        "move what they share into criticalkv.bench (prompts: bench/prompt.py, decode loops: bench/decode.py)",
+        imports,
+    )
+
+
+def test_no_benchmark_script_writes_its_own_decode_loop() -> None:
+    loops = decode_loops(BENCHMARKS)
+    assert not loops, report(
+        "benchmarks/ scripts step a model's decode by hand",
+        "use criticalkv.bench.decode (Lockstep for caches stepped in turn, timed_decode for one cache)",
+        loops,
     )
 
 
@@ -365,3 +386,15 @@ def test_storage_classes_named_outside_the_table_are_found(tmp_path: Path) -> No
     )
     found = storage_namers(write_package(tmp_path, changes), "pkg.cache", ["fp8"], "pkg.cache.table")
     assert found == ["pkg/cache/layer.py:2: Fp8Storage", "pkg/cache/layer.py:4: Fp8Storage"]
+
+
+def test_scripts_that_import_a_script_or_step_a_decode_by_hand_are_found(tmp_path: Path) -> None:
+    (tmp_path / "shared.py").write_text("def prompt_ids():\n    pass\n")
+    (tmp_path / "clean.py").write_text(
+        "import json\nfrom criticalkv.bench.prompt import prompt_ids\n\nmodel(x, position_ids=p)\n"
+    )
+    assert script_imports(tmp_path) == [] and decode_loops(tmp_path) == []
+    loop = "for _ in range(3):\n    out = model(input_ids=t, position_ids=p)\n"
+    (tmp_path / "user.py").write_text("import shared\nfrom shared import prompt_ids\n\n" + loop)
+    assert script_imports(tmp_path) == ["user.py:1: shared", "user.py:2: shared"]
+    assert decode_loops(tmp_path) == ["user.py:5: model(..., position_ids=...)"]

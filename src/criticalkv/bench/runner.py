@@ -29,7 +29,7 @@ from criticalkv.runtime.forward import input_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BenchConfig", "load_records", "record_key", "run_bench", "with_norm_precision"]
+__all__ = ["BenchConfig", "load_records", "measure_run", "record_key", "run_bench", "with_norm_precision"]
 
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
@@ -163,7 +163,7 @@ def _run_bench(
         ids = prompts.get((run.length, run.batch))
         if ids is None:
             ids = prompts[(run.length, run.batch)] = bench_prompts(tokenizer, run.length, run.batch).to(device)
-        tries = [_measure(config, run, ids, model, kvpress, kvpress_model) for _ in range(config.repeats)]
+        tries = [measure_run(config, run, ids, model, kvpress, kvpress_model) for _ in range(config.repeats)]
         record = _fastest(tries)
         records.append(record)
         if records_path is not None:
@@ -173,9 +173,11 @@ def _run_bench(
     return records
 
 
-def _measure(
+def measure_run(
     config: BenchConfig, run: Run, ids: torch.Tensor, model: Any, kvpress: Any, kvpress_model: Any
 ) -> BenchRecord:
+    """One run of :func:`~criticalkv.bench.plan.plan_runs`'s plan on the (B, T) prompt ``ids``, measured
+    by its implementation (ours, the full cache, or kvpress's press on ``kvpress_model``)."""
     window, steps = config.window, config.decode_tokens
     if run.impl == "kvpress" and run.decode is not None:
         budget, interval = run.decode
