@@ -364,6 +364,19 @@ def needs_readers(root: Path, allowed: Iterable[str]) -> list[str]:
     return out
 
 
+def storage_subpackages(root: Path, parent: str) -> list[str]:
+    """The subpackages of ``parent`` that define a storage (a ``class X(...Storage)``), by short name."""
+    package = read_package(root)
+    found = set()
+    for sub in subpackages(package, parent):
+        for module, path in package.files.items():
+            if module == sub or module.startswith(sub + "."):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Storage") for b in node.bases):
+                        found.add(sub.rpartition(".")[2])
+    return sorted(found)
+
+
 def storage_namers(root: Path, parent: str, storages: Iterable[str], table: str) -> list[str]:
     """Names of a storage class (a ``class X(Storage)`` of one of the ``storages`` subpackages of
     ``parent``) in a module other than its subpackage and the storage ``table`` (a module name):

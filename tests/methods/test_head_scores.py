@@ -25,7 +25,7 @@ from criticalkv.analysis.retrieval_heads import (
 )
 from criticalkv.cli import main
 from criticalkv.headscores import HeadScores, architecture, find_head_scores, load_head_scores
-from criticalkv.headscores.binding import cache_path, shipped_files
+from criticalkv.headscores.lookup import cache_path, shipped_files
 from criticalkv.headscores.needles import make_retrieval_sample
 from criticalkv.methods import bind
 from criticalkv.prompts import positions

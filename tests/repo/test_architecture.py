@@ -24,6 +24,7 @@ from tests.helpers.architecture import (
     script_imports,
     storage_namers,
     storage_probes,
+    storage_subpackages,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -86,8 +87,13 @@ def test_no_attribute_probing_of_methods() -> None:
     )
 
 
-#: the cache's storage subpackages: nothing outside each asks (isinstance) which storage a layer holds
-STORAGES = ("layouts", "quantized")
+#: the cache's storage subpackages (each defines a Storage): nothing outside each asks (isinstance) which
+#: storage a layer holds; found, not listed, so a new storage is checked with no line here
+STORAGES = tuple(storage_subpackages(PACKAGE, "criticalkv.cache"))
+
+
+def test_the_storage_subpackages_are_found() -> None:
+    assert {"layouts", "quantized"} <= set(STORAGES)  # the two storages of today; a new one adds itself
 
 
 def test_code_outside_a_cache_subpackage_imports_only_its_face() -> None:
@@ -164,6 +170,44 @@ def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> No
         "modules outside the cache read needs.queries or needs.reconstruction",
         "compress through criticalkv.runtime.compress_prompt / prompt_states, which read them",
         readers,
+    )
+
+
+#: rooms whose module names say what they hold (issue 43): a file name one of their modules shares with
+#: another module of the package is one of these, the same concept in parallel rooms
+NAMED_ROOMS = ("criticalkv.cache", "criticalkv.headscores", "criticalkv.ops", "criticalkv.bench")
+PARALLEL_NAMES = {
+    "config.py": "a room's options (bench, eval, serve)",
+    "file.py": "a file format (a cache's, a head-score file's)",
+    "folder.py": "a results folder (runs', the bench's)",
+    "paged.py": "a layout's block table for the decode op (per storage; vLLM's paged blocks)",
+    "reconstruction.py": "KVzip's context reconstruction (the cache's recording layer, the runtime's pass)",
+    "report.py": "a room's report (bench, eval, analysis, the command)",
+    "rows.py": "rows decoded together (the cache's RowsCache, the runtime's step)",
+    "runner.py": "a room's run loop (bench, eval, analysis, vLLM's model runner)",
+    "spec.py": "cache/spec.py's CacheSpec (methods' and analysis' specs are step 1's to rename)",
+    "state.py": "the LayerState of a prefill (the type, the cache's builder)",
+    "storage.py": "a layer's Storage (the interface and one implementation per storage subpackage)",
+}
+
+
+def test_modules_of_the_named_rooms_share_a_file_name_only_for_a_parallel_concept() -> None:
+    package = read_package(PACKAGE)
+    names: dict[str, list[str]] = {}
+    for module, path in package.files.items():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(module)
+    shared = [
+        f"{name}: {', '.join(sorted(modules))}"
+        for name, modules in sorted(names.items())
+        if len(modules) > 1
+        and name not in PARALLEL_NAMES
+        and any(m.startswith(room + ".") for m in modules for room in NAMED_ROOMS)
+    ]
+    assert not shared, report(
+        "modules of cache/, headscores/, ops/ or bench/ share a file name with another module",
+        "name the module by what it holds, or add the name to PARALLEL_NAMES if it is the same concept",
+        shared,
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.bench.measure import now
+from criticalkv.bench.instruments import now
 from criticalkv.cache import CompressedCache
 from criticalkv.compat import cache_argument
 from criticalkv.runtime.forward import append_tokens

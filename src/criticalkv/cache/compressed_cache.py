@@ -46,7 +46,7 @@ class CompressedCache(Cache):
         generated tokens are all kept); see :class:`~criticalkv.cache.decode.budget.DecodeCompression`.
     decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
     kv_bits, kv_group_size, kv_residual : the storage precision (16: the model's dtype; 8 or 4:
-        quantized, see :class:`~criticalkv.cache.quantized.spec.KVQuantization`).
+        quantized, see :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or

@@ -157,12 +157,6 @@ class Storage(ABC):
         budget is ``budget_tokens`` entries (every budget fits unless a storage says otherwise)."""
         return None
 
-    def future_tail_bytes(self, first: int, tokens: int) -> int:
-        """:meth:`tail_bytes` for this storage's spec and geometry."""
-        if self.geometry is None:
-            raise RuntimeError("this storage holds no prefix yet")
-        return type(self).tail_bytes(self.spec, self.geometry, first, tokens)
-
     @classmethod
     @abstractmethod
     def tail_bytes(cls, spec: Any, geometry: Geometry, first: int, tokens: int) -> int:

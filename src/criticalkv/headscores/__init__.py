@@ -5,12 +5,12 @@
   :mod:`criticalkv.analysis.retrieval_heads` runs the model on (``criticalkv head-scores``): the
   model-running half sits above the runtime, this package below it (methods bind its files).
 * :mod:`~criticalkv.headscores.file` reads, checks and writes score files with provenance.
-* :mod:`~criticalkv.headscores.binding` finds a model's scores; :func:`criticalkv.methods.bind`
+* :mod:`~criticalkv.headscores.lookup` finds a model's scores; :func:`criticalkv.methods.bind`
   binds them to a method.
 """
 
-from criticalkv.headscores.binding import cache_path, find_head_scores, model_name
 from criticalkv.headscores.file import HeadScores, architecture, fingerprint, load_head_scores
+from criticalkv.headscores.lookup import cache_path, find_head_scores, model_name
 from criticalkv.headscores.needles import RetrievalSample, make_retrieval_sample
 
 __all__ = [

@@ -1,5 +1,5 @@
 """16-bit ragged storage: the prompt's kept entries as tiers, appended ones in a dense tail, both
-moved into length buckets at the first append of an owned prefix (:mod:`.buckets`)."""
+moved into length buckets at the first append of an owned prefix (:mod:`.length_buckets`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.layouts.attention import ragged_attention
-from criticalkv.cache.layouts.buckets import LengthBuckets
+from criticalkv.cache.layouts.length_buckets import LengthBuckets
 from criticalkv.cache.layouts.paged import paged_prefix
+from criticalkv.cache.layouts.ragged_attention import ragged_attention
 from criticalkv.cache.layouts.tiers import RaggedPrefix, build_prefix, restore_prefix
 from criticalkv.cache.storage import Geometry, Storage, tail_capacity
 from criticalkv.ops import decode_through_op, ragged_decode

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
 from criticalkv.cache.quantized.codec import value_group
 from criticalkv.cache.quantized.paged import PagedQuantized, paged_quantized
 from criticalkv.cache.quantized.persist import (
@@ -25,8 +25,8 @@ from criticalkv.cache.quantized.persist import (
     prefix_tensors,
     restore_prefix,
 )
+from criticalkv.cache.quantized.precision import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
-from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.storage import Geometry, Storage
 from criticalkv.ops import ragged_decode
 
