@@ -26,19 +26,10 @@ from typing import Any
 
 import torch
 
-from criticalkv import CompressedCache, attach, load_model
-from criticalkv.compat import cache_argument
-from criticalkv.eval.plotting import pyplot
-from criticalkv.headscores.haystack import essay_sentences
-
-
-def prompt_ids(tokenizer: Any, tokens: int) -> torch.Tensor:
-    """The first ``tokens`` tokens of the natural-text haystack (Genesis, KJV)."""
-    text = " ".join(essay_sentences(tokens * 2))
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
-    if len(ids) < tokens:
-        raise ValueError(f"the haystack gave only {len(ids)} tokens")
-    return torch.tensor([ids])
+from criticalkv import attach, load_model
+from criticalkv.bench.decode import Lockstep, held_caches, prefill_logits, step_metrics
+from criticalkv.bench.figure import plot_steps
+from criticalkv.bench.prompt import prompt_ids
 
 
 def buckets(new_tokens: int) -> list[tuple[int, int]]:
@@ -83,18 +74,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model, tokenizer = load_model(args.model)
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
-    mask = torch.ones_like(ids)
+    lockstep = Lockstep.after(ids)
     names = cache_names(args)
-    caches = {"full": CompressedCache.for_model(model, "full", 1.0, window=args.window)}
-    for method in args.methods:
-        caches[method] = CompressedCache.for_model(
-            model,
-            method,
-            args.prefill_budget,
-            window=args.window,
-            decode_budget=args.decode_budget,
-            decode_interval=args.decode_interval,
-        )
+    caches = held_caches(
+        model,
+        args.methods,
+        args.prefill_budget,
+        window=args.window,
+        decode_budget=args.decode_budget,
+        decode_interval=args.decode_interval,
+    )
     streams = kvpress_streams(args, args.prompt_tokens)
 
     def kv_bytes(name: str) -> int:
@@ -105,30 +94,23 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if name in streams:
             logits[name] = streams[name].prefill(ids)
             continue
-        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, caches[name]), logits_to_keep=1)
-        logits[name] = out.logits[:, -1].float()
+        logits[name] = prefill_logits(model, caches[name], ids).float()
     records = []
     for step in range(args.new_tokens):
         ref = torch.log_softmax(logits["full"], dim=-1)
         token = int(ref.argmax(-1))
         record: dict[str, Any] = {"position": step, "token": token}
         for name in names:
-            lp = torch.log_softmax(logits[name], dim=-1)
-            record[f"{name}/nll"] = float(-lp[0, token])
-            record[f"{name}/top1"] = int(lp.argmax(-1)) == token
-            record[f"{name}/kl"] = float((ref.exp() * (ref - lp)).sum())
+            record.update({f"{name}/{key}": value for key, value in step_metrics(ref, logits[name], token).items()})
             record[f"{name}/kv_bytes"] = kv_bytes(name)
-        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], dim=1)
-        position = torch.tensor([[mask.shape[1] - 1]])
+        lockstep.advance()
         nxt = torch.tensor([[token]])
         for name in names:
             started = time.perf_counter()
             if name in streams:
                 logits[name] = streams[name].step(token)
             else:
-                cache = cache_argument(model, caches[name])
-                out = model(input_ids=nxt, attention_mask=mask, position_ids=position, **cache)
-                logits[name] = out.logits[:, -1].float()
+                logits[name] = lockstep.step(model, caches[name], nxt).float()
             record[f"{name}/ms"] = 1000 * (time.perf_counter() - started)
             record[f"{name}/kv_bytes_after"] = kv_bytes(name)
         records.append(record)
@@ -197,32 +179,6 @@ def markdown(summary: dict[str, Any], names: list[str]) -> str:
             f"{c.get('reselections', '-')} | {share} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def plot_steps(
-    steps: list[dict[str, Any]],
-    names: list[str],
-    path: Path,
-    *,
-    smooth: int,
-    bytes_key: str,
-    bytes_label: str = "KV cache MiB",
-    linewidth: float | None = None,
-) -> None:
-    """ms/token (rolling median) and KV MiB (``<name>/<bytes_key>``) against the generated position."""
-    plt = pyplot()
-    fig, (ax_ms, ax_mb) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in names:
-        ms = torch.tensor([r[f"{name}/ms"] for r in steps])
-        rolled = ms.unfold(0, smooth, 1).median(-1).values if len(ms) >= smooth else ms
-        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name, linewidth=linewidth)
-        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/{bytes_key}"] / 2**20 for r in steps], label=name)
-    ax_ms.set(xlabel="generated position", ylabel=f"decode ms/token (rolling median of {smooth})")
-    ax_mb.set(xlabel="generated position", ylabel=bytes_label)
-    ax_ms.legend()
-    ax_mb.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def plot(records: list[dict[str, Any]], names: list[str], path: Path, smooth: int = 32) -> None:

@@ -19,8 +19,8 @@ import time
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
-from criticalkv.compat import cache_argument
-from decode_compression import prompt_ids
+from criticalkv.bench.decode import Lockstep, prefill_logits
+from criticalkv.bench.prompt import prompt_ids
 
 
 def make(model: torch.nn.Module, spec: str, decode_budget: int, interval: int) -> CompressedCache:
@@ -48,23 +48,22 @@ def main() -> None:
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
     caches = {s: make(model, s, args.decode_budget, args.decode_interval) for s in ["full", *args.specs] if s}
-    mask = torch.ones_like(ids)
+    lockstep = Lockstep.after(ids)
     for cache in caches.values():
-        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, cache), logits_to_keep=1)
-    token = out.logits[:, -1].argmax(-1, keepdim=True)
+        logits = prefill_logits(model, cache, ids)
+    token = logits.argmax(-1, keepdim=True)
     ms: dict[str, list[float]] = {s: [] for s in caches}
     profiles = {s: cProfile.Profile() for s in caches}
     for _ in range(args.steps):
-        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-        position = torch.tensor([[mask.shape[1] - 1]])
+        lockstep.advance()
         for spec, cache in caches.items():
             started = time.perf_counter()
             profiles[spec].enable()
-            out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+            logits = lockstep.step(model, cache, token)
             profiles[spec].disable()
             ms[spec].append(1000 * (time.perf_counter() - started))
             if spec == "full":
-                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                nxt = logits.argmax(-1, keepdim=True)
         token = nxt
     for spec, cache in caches.items():
         reselect = None if cache.decode is None else round(cache.decode.seconds, 2)

@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from criticalkv import CompressedCache, attach, load_model
-from criticalkv.compat import cache_argument
-from decode_compression import plot_steps, prompt_ids
+from criticalkv import attach, load_model
+from criticalkv.bench.decode import Lockstep, held_caches, prefill_logits, step_metrics
+from criticalkv.bench.figure import plot_steps
+from criticalkv.bench.prompt import prompt_ids
 
 #: the issue's position buckets (generated tokens)
 EDGES = (0, 512, 1024, 2048, 4096)
@@ -40,31 +41,6 @@ COMPARE = (500, 4000)
 HALF = 64
 
 
-def make_caches(model: Any, args: argparse.Namespace) -> dict[str, CompressedCache]:
-    """The full cache, then one cache per method at the prefill budget held at the decode budget."""
-    caches = {"full": CompressedCache.for_model(model, "full", 1.0, window=args.window)}
-    for method in args.methods:
-        caches[method] = CompressedCache.for_model(
-            model,
-            method,
-            args.prefill_budget,
-            window=args.window,
-            decode_budget=args.decode_budget,
-            decode_interval=args.decode_interval,
-        )
-    return caches
-
-
-def step_metrics(ref: torch.Tensor, logits: torch.Tensor, token: int) -> dict[str, Any]:
-    """NLL of ``token``, top-1 agreement and KL(ref || logits) of one next-token distribution."""
-    lp = torch.log_softmax(logits, dim=-1)
-    return {
-        "nll": float(-lp[0, token]),
-        "top1": int(lp.argmax(-1)) == token,
-        "kl": float((ref.exp() * (ref - lp)).sum()),
-    }
-
-
 @torch.no_grad()
 def run(args: argparse.Namespace) -> None:
     """Generate ``args.new_tokens`` in lockstep, appending one line per step to ``steps.jsonl``."""
@@ -72,12 +48,16 @@ def run(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.model)
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
-    mask = torch.ones_like(ids)
-    caches = make_caches(model, args)
-    logits: dict[str, torch.Tensor] = {}
-    for name, cache in caches.items():
-        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, cache), logits_to_keep=1)
-        logits[name] = out.logits[:, -1].float()
+    lockstep = Lockstep.after(ids)
+    caches = held_caches(
+        model,
+        args.methods,
+        args.prefill_budget,
+        window=args.window,
+        decode_budget=args.decode_budget,
+        decode_interval=args.decode_interval,
+    )
+    logits = {name: prefill_logits(model, cache, ids).float() for name, cache in caches.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     with (args.out / "steps.jsonl").open("w") as f:
@@ -88,18 +68,17 @@ def run(args: argparse.Namespace) -> None:
             for name in caches:
                 for key, value in step_metrics(ref, logits[name], token).items():
                     record[f"{name}/{key}"] = value
-            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], dim=1)
-            position = torch.tensor([[mask.shape[1] - 1]])
+            lockstep.advance()
             nxt = torch.tensor([[token]])
             for name, cache in caches.items():
                 before = 0.0 if cache.decode is None else cache.decode.seconds
                 started = time.perf_counter()
-                out = model(input_ids=nxt, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+                step_logits = lockstep.step(model, cache, nxt)
                 record[f"{name}/ms"] = 1000 * (time.perf_counter() - started)
                 record[f"{name}/reselect_ms"] = 0.0 if cache.decode is None else 1000 * (cache.decode.seconds - before)
                 record[f"{name}/kv_bytes"] = cache.kv_bytes()
                 record[f"{name}/kv_bytes_peak"] = cache.kv_bytes_peak()
-                logits[name] = out.logits[:, -1].float()
+                logits[name] = step_logits.float()
             f.write(json.dumps(record) + "\n")
             f.flush()
 

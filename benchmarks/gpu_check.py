@@ -14,8 +14,8 @@ c. ``criticalkv.ops.triton_ragged.triton_ragged_decode`` (where it exists) again
 d. a bench at Llama-3.1-8B shapes with random weights (:data:`LLAMA_8B`: 4 of its 32 layers, every
    other dimension its own, bfloat16) on a prompt of random ids: the full cache, then SnapKV, AdaKV
    and CriticalAdaKV at each budget, stored in 16 bits and in ``--kv-bits``, and kvpress's presses
-   beside them where ``kvpress`` imports, measured by :mod:`criticalkv.bench`'s ``measure_full``,
-   ``measure_criticalkv`` and ``measure_kvpress`` in the order of its ``plan_runs``. Each run is made
+   beside them where ``kvpress`` imports, each run of the bench's ``plan_runs`` measured by its
+   ``measure_run`` (what ``criticalkv bench`` measures). Each run is made
    once untimed at ``--warmup-tokens`` (kernels compiled), then timed: prefill with compression, one
    untimed decode step, ``--decode-steps`` timed ones (synchronised). A run that would end past
    ``--time-budget`` seconds since the start is not made (the notes say so);
@@ -49,11 +49,11 @@ import torch
 
 import criticalkv.ops  # noqa: F401  (registers torch.ops.criticalkv.ragged_decode)
 from criticalkv.bench.config import BenchConfig
-from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
+from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.bench.kvpress_quantized import pair_unavailable
-from criticalkv.bench.ours import measure_criticalkv, measure_full
 from criticalkv.bench.plan import Run, plan_runs
 from criticalkv.bench.record import BenchRecord
+from criticalkv.bench.runner import measure_run
 from criticalkv.commands.common import budgets_arg, methods_arg
 from criticalkv.ops import ragged_decode_reference
 
@@ -297,18 +297,6 @@ def bench_config(args: argparse.Namespace, tokens: int, kvpress: bool) -> BenchC
     )
 
 
-def measure(run: Run, config: BenchConfig, ids: torch.Tensor, model: Any, kvpress: Any, plain: Any) -> BenchRecord:
-    """One run of the plan, by :mod:`criticalkv.bench`'s measurement of its implementation."""
-    steps = config.decode_tokens
-    if run.impl == "kvpress":
-        return measure_kvpress(
-            kvpress, plain, ids, run.method, float(run.budget), config.window, steps, storage=run.storage
-        )
-    if run.method == "full":
-        return measure_full(model, ids, steps)
-    return measure_criticalkv(model, ids, run.method, run.budget, config.window, steps, storage=run.storage)
-
-
 def row_line(record: BenchRecord, seconds: float) -> str:
     """A bench record in one line."""
     name = record.method if record.press is None else f"{record.method} ({record.press})"
@@ -374,7 +362,7 @@ def warm_up(runs: list[Run], config: BenchConfig, ids: torch.Tensor, model: Any,
     started = time.perf_counter()
     for run in runs:
         try:
-            measure(run, short, ids, model, kvpress, plain)
+            measure_run(short, run, ids, model, kvpress, plain)
         except Exception as error:  # reported; the other runs still run
             failed.append(f"{label(run)}: raised {type(error).__name__}: {error}")
     say(
@@ -404,7 +392,7 @@ def bench(
             continue
         started = time.perf_counter()
         try:
-            record = measure(run, config, ids, model, kvpress, plain)
+            record = measure_run(config, run, ids, model, kvpress, plain)
         except Exception as error:  # an out-of-memory run is reported, the others still run
             report.failed = True
             report.notes.append(f"{label(run)}: raised {type(error).__name__}: {error}")

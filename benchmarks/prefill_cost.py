@@ -1,7 +1,7 @@
 """What a prompt's prefill costs in decode steps: the basis of ``criticalkv serve
 --offload-prompt-tokens`` (a prompt prefilled on the decode worker holds every row for that long).
 
-    PYTHONPATH=src:benchmarks python benchmarks/prefill_cost.py [--lengths 16,32,64,128,256,512,1024]
+    PYTHONPATH=src python benchmarks/prefill_cost.py [--lengths 16,32,64,128,256,512,1024]
 
 For each prompt length, the compressed prefill (the server's method and budget, one request) is
 timed best of ``--repeats``; beside it the median of ``--steps`` decode steps of a cache holding a
@@ -19,8 +19,8 @@ import time
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
-from criticalkv.compat import cache_argument
-from decode_compression import prompt_ids
+from criticalkv.bench.decode import Lockstep, prefill_logits
+from criticalkv.bench.prompt import prompt_ids
 
 
 def served_budget(tokens: int, budget: float, window: int) -> tuple[float, int]:
@@ -36,8 +36,8 @@ def timed_prefill(
     budget, window = served_budget(ids.shape[1], budget, window)
     cache = CompressedCache.for_model(model, method, budget, window=window)
     started = time.perf_counter()
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
-    return 1000 * (time.perf_counter() - started), (cache, out.logits[:, -1].argmax(-1, keepdim=True))
+    logits = prefill_logits(model, cache, ids)
+    return 1000 * (time.perf_counter() - started), (cache, logits.argmax(-1, keepdim=True))
 
 
 @torch.no_grad()
@@ -57,14 +57,13 @@ def main() -> None:
     attach(model)
     context = prompt_ids(tokenizer, args.context_tokens)
     _, (cache, token) = timed_prefill(model, context, args.method, args.budget, args.window)
-    mask, steps = torch.ones(1, context.shape[1], dtype=torch.long), []
+    lockstep, steps = Lockstep.after(context), []
     for _ in range(args.steps + 2):
-        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-        position = torch.tensor([[mask.shape[1] - 1]])
+        lockstep.advance()
         started = time.perf_counter()
-        out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+        logits = lockstep.step(model, cache, token)
         steps.append(1000 * (time.perf_counter() - started))
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        token = logits.argmax(-1, keepdim=True)
     step = statistics.median(steps[2:])
     for length in (int(x) for x in args.lengths.split(",") if x):
         ids = prompt_ids(tokenizer, length)

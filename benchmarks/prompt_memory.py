@@ -1,6 +1,6 @@
 """Memory held while a prompt is compressed: peak RSS and the most KV bytes the cache held.
 
-    PYTHONPATH=src:benchmarks python benchmarks/prompt_memory.py \
+    PYTHONPATH=src python benchmarks/prompt_memory.py \
         [--methods full,snapkv,defensivekv,layer-defensivekv] [--lengths 2048,4096,6800] [--budget 0.2]
 
 Each (method, length) runs in a fresh process (peak RSS, ``ru_maxrss``, is per process): load the
@@ -25,8 +25,8 @@ import torch
 def one(method: str, tokens: int, budget: float, threads: int) -> dict[str, object]:
     """Measure one (method, length) in this process."""
     from criticalkv import CompressedCache, attach, load_model
-    from criticalkv.compat import cache_argument
-    from decode_compression import prompt_ids
+    from criticalkv.bench.decode import prefill_logits
+    from criticalkv.bench.prompt import prompt_ids
 
     torch.set_num_threads(threads)
     model, tokenizer = load_model("default")
@@ -35,7 +35,7 @@ def one(method: str, tokens: int, budget: float, threads: int) -> dict[str, obje
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cache = CompressedCache.for_model(model, method, budget if method != "full" else 1.0)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_argument(model, cache), logits_to_keep=1)
+        prefill_logits(model, cache, ids)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -29,7 +29,7 @@ import torch
 import criticalkv as ckv
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.quantized import QuantizedStorage, bits_per_element
-from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks
 from criticalkv.compat import cache_argument
 from criticalkv.ops.cpu import kernel as cpu_kernel
 

@@ -6,7 +6,7 @@ Each layout holds the same kept entries per batch row (``0.2 x T`` per KV head o
 * ``ragged, tiers``: heads keep ``0.5k, k, 1.5k`` (rotated per row; AdaKV-like), read through the
   staircase tiers and a separate tail (``ragged_attention``: the path every ragged layer took
   before the length buckets, and the one a ``fork()`` still takes);
-* ``ragged, buckets``: the same layout through the length buckets (``cache/layouts/buckets.py``: one
+* ``ragged, buckets``: the same layout through the length buckets (``cache/layouts/length_buckets.py``: one
   dense prefix+tail buffer and one sdpa call per distinct length), what an owned layer uses now.
 
 A step is ``layer.append`` of one token per head plus ``layer.attend`` of its queries, over a

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from criticalkv import CompressedCache, attach, load_model
-from criticalkv.compat import cache_argument
+from criticalkv.bench.decode import Lockstep, prefill_logits
+from criticalkv.bench.prompt import prompt_ids
 from criticalkv.ops import DECODE_ENV
 from criticalkv.ops.cpu.build import KERNEL_ENV
 from criticalkv.serve.cancel import check_cancelled
-from decode_compression import prompt_ids
 
 CANCEL = "+cancel"
 
@@ -114,19 +114,18 @@ def main() -> None:
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
     caches = {s: make(model, s, args.kv_bits) for s in args.specs}
-    mask = torch.ones_like(ids)
+    lockstep = Lockstep.after(ids)
     token = None
     for spec, cache in caches.items():
         use_kernel(spec)
-        out = model(input_ids=ids, attention_mask=mask, **cache_argument(model, cache), logits_to_keep=1)
+        logits = prefill_logits(model, cache, ids)
         if token is None:
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            token = logits.argmax(-1, keepdim=True)
     wall: dict[str, list[float]] = {s: [] for s in caches}
     cpu: dict[str, list[float]] = {s: [] for s in caches}
     reference = args.specs[0]
     for step in range(args.warmup + args.steps):
-        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-        position = torch.tensor([[mask.shape[1] - 1]])
+        lockstep.advance()
         order = list(caches.items())
         if step % 2:  # alternate who goes first, so no cache always runs right after another
             order.reverse()
@@ -135,7 +134,7 @@ def main() -> None:
             use_kernel(spec)
             hooks = cancel_hooks(model, spec)
             started_wall, started_cpu = time.perf_counter(), time.thread_time()
-            out = model(input_ids=token, attention_mask=mask, position_ids=position, **cache_argument(model, cache))
+            logits = lockstep.step(model, cache, token)
             took_wall, took_cpu = time.perf_counter() - started_wall, time.thread_time() - started_cpu
             for hook in hooks:
                 hook.remove()
@@ -143,7 +142,7 @@ def main() -> None:
                 wall[spec].append(1000 * took_wall)
                 cpu[spec].append(1000 * took_cpu)
             if spec == reference:
-                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                nxt = logits.argmax(-1, keepdim=True)
         token = nxt
     for spec, cache in caches.items():
         record: dict[str, Any] = {

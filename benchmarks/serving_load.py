@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from serving_client import burst, document, first_token, metric, start_server
+from criticalkv.bench.serving_client import burst, document, first_token, metric, start_server
 
 
 def done_keys(path: Path) -> set[tuple[Any, ...]]:

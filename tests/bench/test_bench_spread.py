@@ -31,13 +31,13 @@ def test_the_cli_default_repeats_three_times() -> None:
 
 def test_rounds_are_interleaved_and_kept(tiny_llama: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[str] = []
-    measure = runner._measure
+    measure = runner.measure_run
 
     def logged(config: BenchConfig, run: Any, *args: Any) -> Any:
         order.append(run.method)
         return measure(config, run, *args)
 
-    monkeypatch.setattr(runner, "_measure", logged)
+    monkeypatch.setattr(runner, "measure_run", logged)
     config = BenchConfig(
         context_lengths=[96], methods=["snapkv"], budgets=[0.25], decode_tokens=3, window=8, kvpress="off", repeats=3
     )

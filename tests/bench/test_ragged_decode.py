@@ -21,16 +21,12 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # it imports decode_compression, a sibling script
-    try:
-        spec = importlib.util.spec_from_file_location("ragged_decode_under_test", BENCHMARKS / "ragged_decode.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("ragged_decode_under_test", BENCHMARKS / "ragged_decode.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 ragged_decode = _load()

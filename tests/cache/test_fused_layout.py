@@ -1,4 +1,4 @@
-"""Owned layers decode from length buckets (cache/layouts/buckets.py): one dense prefix+tail buffer and one
+"""Owned layers decode from length buckets (cache/layouts/length_buckets.py): one dense prefix+tail buffer and one
 sdpa call per kept length, no second copy of any entry; readers get the tiers back via ``settle``."""
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from criticalkv.analysis.plots import curves_figure
 from criticalkv.analysis.store import ResultsLog
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import figure as demo_figure
-from criticalkv.eval.plotting import PALETTE, pyplot
+from criticalkv.eval.plotting import pyplot
 from criticalkv.eval.summary import AVERAGE
 from criticalkv.eval.sweep_figures import budget_figure, tasks_figure
+from criticalkv.methods.registry import method_colour
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = "ruler, default, 1024 tokens, question-aware, n = 140 per point, a title long enough to need a second line"
@@ -141,7 +142,7 @@ def test_perturbation_curves_use_the_shared_palette_and_cut_no_title() -> None:
         first = fig.axes[0]
         colours = {line.get_label(): line.get_color() for line in first.get_lines()}
         for method in ("snapkv", "critical-snapkv", "adakv", "critical-adakv"):
-            assert colours[method] == PALETTE[method]
+            assert colours[method] == method_colour(method)
         titles = [ax.title for ax in fig.axes if ax.get_title()]
         assert all(_inside_figure(fig, t) for t in titles)
         for row in (fig.axes[:3], fig.axes[3:]):  # neighbouring titles do not run into each other

@@ -6,22 +6,33 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import plot as demo_plot
-from criticalkv.eval.plotting import PALETTE, method_style
+from criticalkv.eval.plotting import method_style
 from criticalkv.eval.report import plot as report_plot
 from criticalkv.eval.report import plot_title
 from criticalkv.eval.summary import AVERAGE
-from criticalkv.methods import available_methods
+from criticalkv.methods import Method, available_methods, method_colour, register
 
 
 def test_every_method_has_one_colour_and_its_own_marker_and_line() -> None:
-    assert set(available_methods()) <= set(PALETTE)  # a new method gets its colour here
+    colours = [method_colour(m) for m in available_methods()]
+    assert all(colours) and len(set(colours)) == len(colours)  # each registered with a colour of its own
+    assert all(method_style(m)["color"] == method_colour(m) for m in available_methods())
     styles = [method_style(m) for m in DEMO_METHODS]
     assert len({s["color"] for s in styles}) == len(DEMO_METHODS)
     assert len({(s["marker"], s["linestyle"]) for s in styles}) == len(DEMO_METHODS)
-    assert method_style("snapkv+q4")["color"] == method_style("snapkv")["color"] == PALETTE["snapkv"]
+    assert method_style("snapkv+q4")["color"] == method_style("snapkv")["color"] == method_colour("snapkv")
     assert method_style("my-method") == method_style("my-method")  # stable for unknown names too
+
+
+def test_a_colour_that_is_no_colour_is_refused_before_the_method_is_registered() -> None:
+    with pytest.raises(ValueError, match="a method's colour is a matplotlib colour such as '#08519c', not ''"):
+        register(Method("no-colour", "-", "-", None), colour="")
+    assert "no-colour" not in available_methods()
+    assert method_colour("no-colour") is None and method_style("no-colour")["color"].startswith("#")
 
 
 def _rows() -> list[dict]:

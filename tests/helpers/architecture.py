@@ -15,7 +15,14 @@ from pathlib import Path
 OUTER = frozenset({"eval", "analysis", "bench", "commands", "cli", "serve"})
 # (importing subpackage, imported subpackage) pairs that are forbidden even inside the core
 FORBIDDEN = frozenset(
-    {("cache", "headscores"), ("cache", "models"), ("scores", "cache"), ("select", "cache"), ("budgets", "cache")}
+    {
+        ("cache", "headscores"),
+        ("cache", "models"),
+        ("scores", "cache"),
+        ("select", "cache"),
+        ("budgets", "cache"),
+        ("headscores", "runtime"),  # methods bind head scores: the model-running half lives in analysis/
+    }
 )
 # names and attributes that denote a method or one of its parts
 METHOD_PARTS = frozenset({"method", "select", "selector", "budgets", "allocator", "scores", "scorer"})
@@ -142,6 +149,49 @@ def layering_violations(root: Path) -> list[str]:
             into_outer = subpackage(target) in OUTER and subpackage(module) not in OUTER
             if into_outer or (subpackage(module), subpackage(target)) in FORBIDDEN:
                 out.append(package.location(module, target))
+    return out
+
+
+def room(module: str) -> str:
+    """The room of a module: its top-level subpackage or module, ``""`` for the package's face."""
+    return subpackage(module)
+
+
+def _imported_modules(package: Package, module: str, path: Path) -> list[tuple[str, int]]:
+    """The package's modules each import statement of ``module`` loads, with its line: ``from pkg import
+    state`` is ``pkg.state`` (a submodule), ``from pkg import Name`` is ``pkg`` (the face that defines it)."""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = imported_names(node, base)
+        if isinstance(node, ast.ImportFrom):
+            names = [n for n in names[1:] if n in package.files] or names[:1]
+        for name in names:
+            while name and name not in package.files:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                out.append((name, getattr(node, "lineno", 0)))
+    return out
+
+
+def room_cycles(root: Path) -> list[str]:
+    """Circles between the package's rooms (top-level subpackages and modules, and its face, whose
+    imports count here: a room that imports the face imports every room the face names), each with
+    the imports that close it: the layering is a graph with no arrow against it."""
+    package = read_package(root)
+    edges: dict[str, set[str]] = {room(m): set() for m in package.files}
+    where: dict[tuple[str, str], str] = {}
+    for module, path in sorted(package.files.items()):
+        for target, line in _imported_modules(package, module, path):
+            a, b = room(module), room(target)
+            if a != b:
+                edges[a].add(b)
+                where.setdefault((a, b), f"{module} -> {target} ({path.relative_to(root.parent)}:{line})")
+    out = []
+    for component in strongly_connected(sorted(edges), {r: sorted(e) for r, e in edges.items()}):
+        if len(component) > 1:
+            inside = [where[(a, b)] for a in component for b in sorted(edges[a]) if b in component]
+            out.append(" <-> ".join(r or "(face)" for r in component) + ": " + "; ".join(inside))
     return out
 
 
@@ -312,3 +362,76 @@ def needs_readers(root: Path, allowed: Iterable[str]) -> list[str]:
             if name == "needs":
                 out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
     return out
+
+
+def storage_subpackages(root: Path, parent: str) -> list[str]:
+    """The subpackages of ``parent`` that define a storage (a ``class X(...Storage)``), by short name."""
+    package = read_package(root)
+    found = set()
+    for sub in subpackages(package, parent):
+        for module, path in package.files.items():
+            if module == sub or module.startswith(sub + "."):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Storage") for b in node.bases):
+                        found.add(sub.rpartition(".")[2])
+    return sorted(found)
+
+
+def storage_namers(root: Path, parent: str, storages: Iterable[str], table: str) -> list[str]:
+    """Names of a storage class (a ``class X(Storage)`` of one of the ``storages`` subpackages of
+    ``parent``) in a module other than its subpackage and the storage ``table`` (a module name):
+    only the table maps a storage spec to its class, so a new storage is its subpackage plus one line."""
+    package = read_package(root)
+    owned: dict[str, str] = {}  # storage class name -> its subpackage
+    for sub in storages:
+        home = f"{parent}.{sub}"
+        for module, path in package.files.items():
+            if module == home or module.startswith(home + "."):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Storage") for b in node.bases):
+                        owned[node.name] = home
+    out = []
+    for module, path in sorted(package.files.items()):
+        if module == table:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            names += [node.id] if isinstance(node, ast.Name) else []
+            names += [node.attr] if isinstance(node, ast.Attribute) else []
+            for name in names:
+                home = owned.get(name)
+                if home and not (module == home or module.startswith(home + ".")):
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {name}")
+    return sorted(set(out))
+
+
+def script_imports(folder: Path) -> list[str]:
+    """Imports of one script of ``folder`` (e.g. ``benchmarks/``) by another: what scripts share lives
+    in the package (``criticalkv.bench``), so each script runs from anywhere with ``PYTHONPATH=src``."""
+    scripts = {path.stem for path in folder.glob("*.py")}
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            out += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in scripts - {path.stem}]
+    return out
+
+
+def decode_loops(folder: Path) -> list[str]:
+    """Decode steps written by hand in a script of ``folder``: a ``model(..., position_ids=...)`` call
+    inside a loop (step caches with :class:`criticalkv.bench.decode.Lockstep` or ``timed_decode``)."""
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        for loop in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(loop, (ast.For, ast.While)):
+                continue
+            for node in ast.walk(loop):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "model"
+                    and any(k.arg == "position_ids" for k in node.keywords)
+                ):
+                    out.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}(..., position_ids=...)")
+    return sorted(set(out))

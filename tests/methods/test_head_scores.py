@@ -16,16 +16,16 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import criticalkv as ckv
-from criticalkv.cli import main
-from criticalkv.headscores import HeadScores, architecture, find_head_scores, load_head_scores
-from criticalkv.headscores.binding import cache_path, shipped_files
-from criticalkv.headscores.compute import (
+from criticalkv.analysis.retrieval_heads import (
     RETRIEVAL,
     RETRIEVAL_REASONING,
     ScoringParameters,
     compute_head_scores,
     head_scores_of,
 )
+from criticalkv.cli import main
+from criticalkv.headscores import HeadScores, architecture, find_head_scores, load_head_scores
+from criticalkv.headscores.lookup import cache_path, shipped_files
 from criticalkv.headscores.needles import make_retrieval_sample
 from criticalkv.methods import bind
 from criticalkv.prompts import positions

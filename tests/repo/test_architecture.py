@@ -10,6 +10,7 @@ import pytest
 from tests.helpers.architecture import (
     MAX_FUNCTION_LINES,
     MAX_LINES,
+    decode_loops,
     face_violations,
     import_cycles,
     layering_violations,
@@ -19,10 +20,15 @@ from tests.helpers.architecture import (
     needs_readers,
     private_access,
     read_package,
+    room_cycles,
+    script_imports,
+    storage_namers,
     storage_probes,
+    storage_subpackages,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+BENCHMARKS = SRC.parent / "benchmarks"
 PACKAGE = SRC / "criticalkv"
 
 
@@ -44,6 +50,15 @@ def test_no_import_circles() -> None:
     assert not cycles, report(
         "modules of src/criticalkv import each other in a circle",
         "move what both need into a lower module, or pass it in instead of importing it",
+        cycles,
+    )
+
+
+def test_rooms_import_each_other_in_no_circle() -> None:
+    cycles = room_cycles(PACKAGE)
+    assert not cycles, report(
+        "rooms of src/criticalkv (its subpackages and the package's face) import each other in a circle",
+        "move the part that imports upward into the room above (as the head-score computation went to analysis/)",
         cycles,
     )
 
@@ -72,8 +87,13 @@ def test_no_attribute_probing_of_methods() -> None:
     )
 
 
-#: the cache's storage subpackages: nothing outside each asks (isinstance) which storage a layer holds
-STORAGES = ("layouts", "quantized")
+#: the cache's storage subpackages (each defines a Storage): nothing outside each asks (isinstance) which
+#: storage a layer holds; found, not listed, so a new storage is checked with no line here
+STORAGES = tuple(storage_subpackages(PACKAGE, "criticalkv.cache"))
+
+
+def test_the_storage_subpackages_are_found() -> None:
+    assert {"layouts", "quantized"} <= set(STORAGES)  # the two storages of today; a new one adds itself
 
 
 def test_code_outside_a_cache_subpackage_imports_only_its_face() -> None:
@@ -116,6 +136,20 @@ def test_nothing_outside_a_storage_asks_which_storage_it_is() -> None:
     )
 
 
+#: the one module that maps a storage spec type to its storage class (issue 43)
+STORAGE_TABLE = "criticalkv.cache.storage_table"
+
+
+def test_only_the_storage_table_names_a_storage_class() -> None:
+    namers = storage_namers(PACKAGE, "criticalkv.cache", STORAGES, STORAGE_TABLE)
+    assert not namers, report(
+        "a storage subpackage's Storage class named outside it and the storage table",
+        "build storages with criticalkv.cache.new_storage(spec), and register a new one in STORAGES "
+        "(cache/storage_table.py)",
+        namers,
+    )
+
+
 def test_functions_are_short() -> None:
     long = long_functions(PACKAGE)
     assert not long, report(
@@ -136,6 +170,62 @@ def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> No
         "modules outside the cache read needs.queries or needs.reconstruction",
         "compress through criticalkv.runtime.compress_prompt / prompt_states, which read them",
         readers,
+    )
+
+
+#: rooms whose module names say what they hold (issue 43): a file name one of their modules shares with
+#: another module of the package is one of these, the same concept in parallel rooms
+NAMED_ROOMS = ("criticalkv.cache", "criticalkv.headscores", "criticalkv.ops", "criticalkv.bench")
+PARALLEL_NAMES = {
+    "config.py": "a room's options (bench, eval, serve)",
+    "file.py": "a file format (a cache's, a head-score file's)",
+    "folder.py": "a results folder (runs', the bench's)",
+    "paged.py": "a layout's block table for the decode op (per storage; vLLM's paged blocks)",
+    "reconstruction.py": "KVzip's context reconstruction (the cache's recording layer, the runtime's pass)",
+    "report.py": "a room's report (bench, eval, analysis, the command)",
+    "rows.py": "rows decoded together (the cache's RowsCache, the runtime's step)",
+    "runner.py": "a room's run loop (bench, eval, analysis, vLLM's model runner)",
+    "spec.py": "cache/spec.py's CacheSpec (methods' and analysis' specs are step 1's to rename)",
+    "state.py": "the LayerState of a prefill (the type, the cache's builder)",
+    "storage.py": "a layer's Storage (the interface and one implementation per storage subpackage)",
+}
+
+
+def test_modules_of_the_named_rooms_share_a_file_name_only_for_a_parallel_concept() -> None:
+    package = read_package(PACKAGE)
+    names: dict[str, list[str]] = {}
+    for module, path in package.files.items():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(module)
+    shared = [
+        f"{name}: {', '.join(sorted(modules))}"
+        for name, modules in sorted(names.items())
+        if len(modules) > 1
+        and name not in PARALLEL_NAMES
+        and any(m.startswith(room + ".") for m in modules for room in NAMED_ROOMS)
+    ]
+    assert not shared, report(
+        "modules of cache/, headscores/, ops/ or bench/ share a file name with another module",
+        "name the module by what it holds, or add the name to PARALLEL_NAMES if it is the same concept",
+        shared,
+    )
+
+
+def test_no_benchmark_script_imports_another() -> None:
+    imports = script_imports(BENCHMARKS)
+    assert not imports, report(
+        "benchmarks/ scripts import another script",
+        "move what they share into criticalkv.bench (prompts: bench/prompt.py, decode loops: bench/decode.py)",
+        imports,
+    )
+
+
+def test_no_benchmark_script_writes_its_own_decode_loop() -> None:
+    loops = decode_loops(BENCHMARKS)
+    assert not loops, report(
+        "benchmarks/ scripts step a model's decode by hand",
+        "use criticalkv.bench.decode (Lockstep for caches stepped in turn, timed_decode for one cache)",
+        loops,
     )
 
 
@@ -240,11 +330,20 @@ def test_a_cycle_names_the_imports_that_close_it(tmp_path: Path) -> None:
         ({"scores/base.py": "from ..cache.layer import Layer\n"}, "pkg.scores.base -> pkg.cache.layer"),
         ({"select.py": "from pkg.cache import Cache\n"}, "pkg.select -> pkg.cache (pkg/select.py:1)"),
         ({"budgets/__init__.py": "from pkg.cache.store import Cache\n"}, "pkg.budgets -> pkg.cache.store"),
+        ({"headscores.py": "from pkg.runtime import attach\n", "runtime.py": ""}, "pkg.headscores -> pkg.runtime"),
     ],
 )
 def test_layering_violations_are_found(tmp_path: Path, changes: dict[str, str], expected: str) -> None:
     found = layering_violations(write_package(tmp_path, changes))
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_room_circles_are_found_through_the_face_too(tmp_path: Path) -> None:
+    assert room_cycles(write_package(tmp_path, {})) == []
+    # methods -> scores is fine; scores -> (the face ->) methods closes a circle
+    (found,) = room_cycles(write_package(tmp_path, {"scores/base.py": "from pkg import Method\n"}))
+    assert found.startswith("(face) <-> methods <-> scores: ")
+    assert "pkg.scores.base -> pkg (pkg/scores/base.py:1)" in found
 
 
 def test_long_files_are_found(tmp_path: Path) -> None:
@@ -316,3 +415,30 @@ def test_needs_readers_are_found(tmp_path: Path) -> None:
     }
     found = needs_readers(write_package(tmp_path, changes), ["pkg.runtime.compress"])
     assert found == ["pkg/eval/unit.py:2: m.needs.queries", "pkg/eval/unit.py:2: needs.reconstruction"]
+
+
+def test_storage_classes_named_outside_the_table_are_found(tmp_path: Path) -> None:
+    changes = {
+        "cache/base.py": "class Storage:\n    pass\n",
+        "cache/fp8/__init__.py": "from pkg.cache.fp8.store import Fp8Storage\n",
+        "cache/fp8/store.py": "from pkg.cache.base import Storage\n\n\nclass Fp8Storage(Storage):\n    pass\n",
+        "cache/table.py": "from pkg.cache.fp8 import Fp8Storage\n\nSTORAGES = {int: Fp8Storage}\n",
+    }
+    assert storage_namers(write_package(tmp_path, changes), "pkg.cache", ["fp8"], "pkg.cache.table") == []
+    changes["cache/layer.py"] = (
+        "from pkg.cache import fp8\nfrom pkg.cache.fp8 import Fp8Storage\n\nx = fp8.Fp8Storage()\n"
+    )
+    found = storage_namers(write_package(tmp_path, changes), "pkg.cache", ["fp8"], "pkg.cache.table")
+    assert found == ["pkg/cache/layer.py:2: Fp8Storage", "pkg/cache/layer.py:4: Fp8Storage"]
+
+
+def test_scripts_that_import_a_script_or_step_a_decode_by_hand_are_found(tmp_path: Path) -> None:
+    (tmp_path / "shared.py").write_text("def prompt_ids():\n    pass\n")
+    (tmp_path / "clean.py").write_text(
+        "import json\nfrom criticalkv.bench.prompt import prompt_ids\n\nmodel(x, position_ids=p)\n"
+    )
+    assert script_imports(tmp_path) == [] and decode_loops(tmp_path) == []
+    loop = "for _ in range(3):\n    out = model(input_ids=t, position_ids=p)\n"
+    (tmp_path / "user.py").write_text("import shared\nfrom shared import prompt_ids\n\n" + loop)
+    assert script_imports(tmp_path) == ["user.py:1: shared", "user.py:2: shared"]
+    assert decode_loops(tmp_path) == ["user.py:5: model(..., position_ids=...)"]

@@ -76,7 +76,7 @@ def _budget_axis(ax: Any, budgets: Sequence[Any]) -> None:
 
 
 def _colour(method: str) -> str:
-    """The method's colour in every figure (:data:`~criticalkv.eval.plotting.PALETTE`)."""
+    """The method's colour in every figure (given at its registration: ``method_colour``)."""
     return str(method_style(method)["color"])
 
 

@@ -1,4 +1,5 @@
-"""The bench's figure, ``bench.png``: decode ms/token per method, and compression time as a share of the prefill."""
+"""The bench's figure, ``bench.png``: decode ms/token per method, and compression time as a share of the
+prefill; and the decode scripts' figure of each step against the generated position (:func:`plot_steps`)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,31 @@ def plot(records: Sequence[dict[str, Any]], path: Path, title: str, caveats: Seq
     finally:
         plt.close(fig)
     return path
+
+
+def plot_steps(
+    steps: list[dict[str, Any]],
+    names: list[str],
+    path: Path,
+    *,
+    smooth: int,
+    bytes_key: str,
+    bytes_label: str = "KV cache MiB",
+    linewidth: float | None = None,
+) -> None:
+    """ms/token (rolling median) and KV MiB (``<name>/<bytes_key>``) against the generated position."""
+    import torch
+
+    plt = pyplot()
+    fig, (ax_ms, ax_mb) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in names:
+        ms = torch.tensor([r[f"{name}/ms"] for r in steps])
+        rolled = ms.unfold(0, smooth, 1).median(-1).values if len(ms) >= smooth else ms
+        ax_ms.plot(range(len(rolled)), rolled.tolist(), label=name, linewidth=linewidth)
+        ax_mb.plot([r["position"] for r in steps], [r[f"{name}/{bytes_key}"] / 2**20 for r in steps], label=name)
+    ax_ms.set(xlabel="generated position", ylabel=f"decode ms/token (rolling median of {smooth})")
+    ax_mb.set(xlabel="generated position", ylabel=bytes_label)
+    ax_ms.legend()
+    ax_mb.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

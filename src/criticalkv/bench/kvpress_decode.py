@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from criticalkv.bench.instruments import reset_peak_memory
 from criticalkv.bench.kvpress_impl import full_kv_bytes, press_label, run_press, timed_compress
-from criticalkv.bench.measure import reset_peak_memory
 from criticalkv.bench.ours import dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget, resolve_budget

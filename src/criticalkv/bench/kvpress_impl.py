@@ -20,8 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from criticalkv.bench.decode import greedy_ids, timed_decode
+from criticalkv.bench.instruments import now, reset_peak_memory, synchronize
 from criticalkv.bench.kvpress_quantized import quantized_cache
-from criticalkv.bench.measure import now, reset_peak_memory, synchronize
 from criticalkv.bench.ours import StorageOptions, cache_bits_per_element, dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.runtime.forward import prefill_into

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from criticalkv.bench.decode import greedy_ids, timed_decode
-from criticalkv.bench.measure import now, reset_peak_memory
+from criticalkv.bench.instruments import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache import CacheSpec, bind_spec

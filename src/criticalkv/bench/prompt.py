@@ -1,4 +1,5 @@
-"""Benchmark prompts: natural text (the KJV Book of Genesis shipped with the package)."""
+"""Benchmark prompts: natural text (the KJV Book of Genesis shipped with the package), for
+``criticalkv bench`` (:func:`bench_prompts`) and the decode scripts of ``benchmarks/`` (:func:`prompt_ids`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.headscores.haystack import essay_words
+from criticalkv.headscores.haystack import essay_sentences, essay_words
 
 
 def bench_prompts(tokenizer: Any, length: int, batch_size: int) -> torch.Tensor:
@@ -20,3 +21,13 @@ def bench_prompts(tokenizer: Any, length: int, batch_size: int) -> torch.Tensor:
         ids = ids + ids
     rows = [ids[i * length : (i + 1) * length] for i in range(batch_size)]
     return torch.tensor(rows, dtype=torch.long)
+
+
+def prompt_ids(tokenizer: Any, tokens: int) -> torch.Tensor:
+    """(1, tokens) token ids: the first ``tokens`` tokens of the natural-text haystack's sentences
+    (Genesis, KJV), the prompt of ``benchmarks/``'s decode scripts."""
+    text = " ".join(essay_sentences(tokens * 2))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"the haystack gave only {len(ids)} tokens")
+    return torch.tensor([ids])

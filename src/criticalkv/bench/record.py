@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.bench.measure import peak_device_bytes, peak_rss_bytes
+from criticalkv.bench.instruments import peak_device_bytes, peak_rss_bytes
 
 
 @dataclass

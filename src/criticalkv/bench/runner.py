@@ -30,7 +30,7 @@ from criticalkv.runtime.forward import input_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BenchConfig", "load_records", "record_key", "run_bench", "with_norm_precision"]
+__all__ = ["BenchConfig", "load_records", "measure_run", "record_key", "run_bench", "with_norm_precision"]
 
 
 def with_norm_precision(method: Method, precision: str | None) -> Method:
@@ -190,7 +190,7 @@ def _interleaved(
     tries: list[list[BenchRecord]] = [[] for _ in group]
     for _ in range(config.repeats):
         for runs, run in zip(tries, group, strict=True):
-            runs.append(_measure(config, run, ids, model, kvpress, kvpress_model))
+            runs.append(measure_run(config, run, ids, model, kvpress, kvpress_model))
             tick(1)
     out = []
     for runs in tries:
@@ -202,9 +202,11 @@ def _interleaved(
     return out
 
 
-def _measure(
+def measure_run(
     config: BenchConfig, run: Run, ids: torch.Tensor, model: Any, kvpress: Any, kvpress_model: Any
 ) -> BenchRecord:
+    """One run of :func:`~criticalkv.bench.plan.plan_runs`'s plan on the (B, T) prompt ``ids``, measured
+    by its implementation (ours, the full cache, or kvpress's press on ``kvpress_model``)."""
     window, steps = config.window, config.decode_tokens
     if run.impl == "kvpress" and run.decode is not None:
         budget, interval = run.decode

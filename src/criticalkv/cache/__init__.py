@@ -2,13 +2,15 @@
 
 from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention, route_attention
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.layer import CompressedLayer, new_storage, storage_class
+from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.prefill import CaptureCache
 from criticalkv.cache.spec import CacheSpec, DecodeBudget, bind_spec
 from criticalkv.cache.storage import Geometry, Storage
+from criticalkv.cache.storage_table import STORAGES, new_storage, storage_class
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "STORAGES",
     "CacheSpec",
     "CaptureCache",
     "CompressedCache",

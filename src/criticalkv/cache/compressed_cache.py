@@ -14,10 +14,11 @@ from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
-from criticalkv.cache.layer import CompressedLayer, new_storage
+from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill import DEFAULT_WINDOW, JointPrefill, bounded, state_from_prefill, synchronize
 from criticalkv.cache.spec import CacheSpec, bind_spec
+from criticalkv.cache.storage_table import new_storage, storage_class
 from criticalkv.cache.tokens import TokenRecord
 from criticalkv.defaults import DEFAULT_METHOD
 from criticalkv.methods import HeadScoresArg, Method
@@ -45,7 +46,7 @@ class CompressedCache(Cache):
         generated tokens are all kept); see :class:`~criticalkv.cache.decode.budget.DecodeCompression`.
     decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
     kv_bits, kv_group_size, kv_residual : the storage precision (16: the model's dtype; 8 or 4:
-        quantized, see :class:`~criticalkv.cache.quantized.spec.KVQuantization`).
+        quantized, see :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
@@ -238,7 +239,7 @@ class CompressedCache(Cache):
             if self.decode is not None:  # held at the decode budget from the start (see DecodeCompression)
                 self.budget_tokens = self.budget_tokens.clamp(max=self.decode.budget)
             if self.quantization is not None:  # against the budget asked for, not a layer's share of it
-                self.quantization.check_budget(int(self.budget_tokens.min()))
+                storage_class(self.quantization).check_budget(self.quantization, int(self.budget_tokens.min()))
         if self.method.needs.cross_layer:
             self._defer(layer, state)
             return

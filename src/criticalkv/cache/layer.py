@@ -8,33 +8,23 @@ from typing import Any
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from criticalkv.cache.layouts import RaggedStorage
-from criticalkv.cache.quantized import KVQuantization, QuantizedStorage
 from criticalkv.cache.routing import announce
 from criticalkv.cache.storage import MIN_GROWTH, Geometry, Storage
+from criticalkv.cache.storage_table import new_storage
 
-__all__ = ["MIN_GROWTH", "AttendHook", "CompressedLayer", "PrefillHook", "new_storage", "storage_class"]
+__all__ = ["MIN_GROWTH", "AttendHook", "CompressedLayer", "PrefillHook"]
 
 PrefillHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any], None]
 #: (layer, queries, appended values, 4D mask, attention module), after each attention over the layer
 AttendHook = Callable[["CompressedLayer", torch.Tensor, torch.Tensor, torch.Tensor | None, Any], None]
 
 
-def storage_class(spec: KVQuantization | None) -> type[Storage]:
-    """The storage implementation for the storage part of a cache's spec (``None``: the model's dtype)."""
-    return RaggedStorage if spec is None else QuantizedStorage
-
-
-def new_storage(spec: KVQuantization | None) -> Storage:
-    """An empty storage for the storage part of a cache's spec."""
-    return RaggedStorage() if spec is None else QuantizedStorage(spec)
-
-
 class CompressedLayer(CacheLayerMixin):
     """A layer whose every (batch row, KV head) holds only the entries it kept.
 
-    Its entries live in a :class:`~criticalkv.cache.storage.Storage` (16-bit ragged layouts or
-    quantized); the layer keeps what the model and the selection see: the logical length (prompt
+    Its entries live in a :class:`~criticalkv.cache.storage.Storage` (the one
+    :mod:`~criticalkv.cache.storage_table` gives for the cache's spec); the layer keeps what the
+    model and the selection see: the logical length (prompt
     tokens before eviction plus appended tokens), the kept positions, the batch geometry, and the
     mask of the appended tokens.
     """
@@ -48,7 +38,7 @@ class CompressedLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.on_prefill = on_prefill
         self.on_attend: AttendHook | None = None  # decode-time compression (cache/decode/)
-        self.storage = RaggedStorage() if storage is None else storage
+        self.storage = new_storage(None) if storage is None else storage
         self.keep: torch.Tensor | None = None
         self.prefix_len = 0
         self.batch_size = 0

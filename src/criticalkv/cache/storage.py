@@ -8,9 +8,9 @@ answers everything a layer, a fork, a re-selection, a file or a memory budget as
 layer only reshapes, masks and counts. The 16-bit ragged layouts
 (:class:`~criticalkv.cache.layouts.RaggedStorage`) and quantized storage
 (:class:`~criticalkv.cache.quantized.QuantizedStorage`) implement it; a new storage (fp8, a paged
-GPU layout) is one new subpackage with one more implementation, and
-:func:`~criticalkv.cache.layer.storage_class` picks it from the storage part of the cache's
-spec. Nothing outside a storage's subpackage asks which kind it holds.
+GPU layout) is one new subpackage with one more implementation, and one line of the storage
+table (:mod:`~criticalkv.cache.storage_table`) maps the type of its spec to it. Nothing outside
+a storage's subpackage and that table names or asks which kind a layer holds.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class Geometry:
 
 class Storage(ABC):
     """The entries of one layer (see the module docstring). Tensors in and out are per segment,
-    in the original segment order: ``(S, n, d)``."""
+    in the original segment order: ``(S, n, d)``. A storage is built empty from its spec alone,
+    ``cls(spec)`` (:func:`~criticalkv.cache.storage_table.new_storage`)."""
 
     #: the storage part of the cache's spec (``None``: the model's dtype)
     spec: Any = None
@@ -71,9 +72,12 @@ class Storage(ABC):
     #: the most tail entries per segment held before the tail is emptied (``None``: unknown)
     tail_room: int | None = None
 
-    @abstractmethod
+    def __init__(self, spec: Any = None) -> None:
+        self.spec = spec
+
     def empty(self) -> Storage:
         """A new, empty storage of the same kind and spec."""
+        return type(self)(self.spec)
 
     # --- the prefix ------------------------------------------------------------------------------
     @abstractmethod
@@ -147,11 +151,11 @@ class Storage(ABC):
     def capacity(self) -> int:
         """Tail entries per segment that fit without growing."""
 
-    def future_tail_bytes(self, first: int, tokens: int) -> int:
-        """:meth:`tail_bytes` for this storage's spec and geometry."""
-        if self.geometry is None:
-            raise RuntimeError("this storage holds no prefix yet")
-        return type(self).tail_bytes(self.spec, self.geometry, first, tokens)
+    @classmethod
+    def check_budget(cls, spec: Any, budget_tokens: int) -> None:
+        """A clear error, before any work, if ``spec`` cannot store a cache whose smallest per-head
+        budget is ``budget_tokens`` entries (every budget fits unless a storage says otherwise)."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.headscores.binding import cache_path, model_name
-    from criticalkv.headscores.compute import ScoringParameters, compute_head_scores
+    from criticalkv.analysis.retrieval_heads import ScoringParameters, compute_head_scores
+    from criticalkv.headscores.lookup import cache_path, model_name
     from criticalkv.models import load_model
 
     if args.out.exists() and args.out.is_dir():

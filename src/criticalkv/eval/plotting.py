@@ -11,39 +11,16 @@ from typing import Any
 #: how to install what the figures need
 INSTALL_HINT = "pip install -e '.[plots]' (in a clone; or: pip install 'matplotlib>=3.7')"
 
-#: one colour per method in every figure (demo, eval, report, bench, perturbation): a base method and
-#: its Critical variant share a hue family (light / dark), the full cache is black
-PALETTE: dict[str, str] = {
-    "full": "#000000",
-    "snapkv": "#6baed6",
-    "critical-snapkv": "#08519c",
-    "adakv": "#fd8d3c",
-    "critical-adakv": "#a63603",
-    "defensivekv": "#74c476",
-    "layer-defensivekv": "#006d2c",
-    "pyramidkv": "#9e9ac8",
-    "critical-pyramidkv": "#54278f",
-    "headkv": "#f768a1",
-    "critical-headkv": "#ae017e",
-    "streamingllm": "#969696",
-    "h2o": "#bcbd22",
-    "knorm": "#8c564b",
-    "tova": "#17becf",
-    "critical-tova": "#0b6b75",
-    "keydiff": "#e377c2",
-    "expected-attention": "#c7a26b",
-    "critical-expected-attention": "#7f5a1e",
-    "kvzip": "#ff9896",
-    "critical-kvzip": "#d62728",
-}
 _SPARE = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*"]
 _LINES = ["-", "--", "-.", ":"]
 
 
 def _index(method: str) -> int:
-    """A stable index for ``method`` (its place in :data:`PALETTE`, else a sum of its characters)."""
-    names = list(PALETTE)
+    """A stable index for ``method`` (its place among the registered methods, else a sum of its characters)."""
+    from criticalkv.methods import available_methods
+
+    names = available_methods()
     return names.index(method) if method in names else len(names) + sum(map(ord, method))
 
 
@@ -51,10 +28,13 @@ def method_style(method: str) -> dict[str, Any]:
     """``color``, ``marker``, ``linestyle``, ``markersize`` and ``markerfacecolor`` (hollow) of
     ``method`` in every figure: the same colour everywhere, and markers, sizes and line styles that
     differ between methods so that coinciding lines stay visible (a method name with options or a
-    suffix, ``snapkv+q4``, takes its base's colour)."""
+    suffix, ``snapkv+q4``, takes its base's colour). A method's colour is given where it is
+    registered (:func:`criticalkv.methods.register`); one registered without gets a spare colour."""
+    from criticalkv.methods import method_colour
+
     base = method.split(":")[0].split("+")[0]
     i = _index(base)
-    colour = PALETTE.get(base, _SPARE[i % len(_SPARE)])
+    colour = method_colour(base) or _SPARE[i % len(_SPARE)]
     return {
         "color": colour,
         "marker": _MARKERS[i % len(_MARKERS)],

@@ -1,7 +1,7 @@
 """Head importance score files: what they hold, how they are checked, read and written.
 
 A file holds, for one model, a score per (layer, KV head) for each scoring variant
-(``retrieval-reasoning`` and ``retrieval``, see :mod:`criticalkv.headscores.compute`), the
+(``retrieval-reasoning`` and ``retrieval``, see :mod:`criticalkv.analysis.retrieval_heads`), the
 per-query-head scores they were averaged from, and provenance: the model name, its
 architecture fingerprint (``model_type``, layers, query heads, KV heads, ``head_dim``, hidden
 size), the procedure and its parameters, the samples used, the date and library versions.

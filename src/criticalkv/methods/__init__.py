@@ -6,6 +6,6 @@ Importing this package registers the built-in methods (:mod:`criticalkv.methods.
 from criticalkv.methods import catalog as _catalog  # noqa: F401  (registers the built-in methods)
 from criticalkv.methods.binding import HeadScoresArg, bind
 from criticalkv.methods.method import Method
-from criticalkv.methods.registry import available_methods, get_method, register
+from criticalkv.methods.registry import available_methods, get_method, method_colour, register
 
-__all__ = ["HeadScoresArg", "Method", "available_methods", "bind", "get_method", "register"]
+__all__ = ["HeadScoresArg", "Method", "available_methods", "bind", "get_method", "method_colour", "register"]

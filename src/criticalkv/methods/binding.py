@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from criticalkv.budgets.base import HeadScoredAllocator
-from criticalkv.headscores.binding import find_head_scores
 from criticalkv.headscores.file import HeadScores, load_head_scores
+from criticalkv.headscores.lookup import find_head_scores
 from criticalkv.methods.method import Method
 
 HeadScoresArg = str | Path | HeadScores | None

@@ -39,8 +39,12 @@ _EXPECTED = "Devoto et al. 2025, Expected Attention (arXiv 2510.00636; kvpress)"
 _KVZIP = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction (arXiv 2505.23416)"
 _DEFENSIVEKV = "Feng et al. 2025, DefensiveKV: Taming the Fragility of KV Cache Eviction (arXiv 2510.13334)"
 
-register(Method("full", "No compression: every entry is kept (the reference).", "-", None))
-register(Method("snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()))
+# each method's colour in every figure (demo, eval, report, bench, perturbation): a base method and its
+# Critical variant share a hue family (light / dark), the full cache is black
+register(Method("full", "No compression: every entry is kept (the reference).", "-", None), colour="#000000")
+register(
+    Method("snapkv", "Window attention, uniform budgets, top-k per head.", _SNAPKV, WindowAttention()), colour="#6baed6"
+)
 register(
     Method(
         "adakv",
@@ -48,7 +52,8 @@ register(
         _ADAKV,
         WindowAttention(),
         budgets=Adaptive(),
-    )
+    ),
+    colour="#fd8d3c",
 )
 register(
     Method(
@@ -57,7 +62,8 @@ register(
         _CRITICAL,
         WindowAttention(),
         select=Critical(),
-    )
+    ),
+    colour="#08519c",
 )
 register(
     Method(
@@ -67,7 +73,8 @@ register(
         WindowAttention(),
         budgets=Adaptive(),
         select=Critical(),
-    )
+    ),
+    colour="#a63603",
 )
 register(
     Method(
@@ -76,7 +83,8 @@ register(
         _PYRAMIDKV,
         WindowAttention(),
         budgets=Pyramid(),
-    )
+    ),
+    colour="#9e9ac8",
 )
 register(
     Method(
@@ -86,7 +94,8 @@ register(
         WindowAttention(),
         budgets=Pyramid(),
         select=Critical(),
-    )
+    ),
+    colour="#54278f",
 )
 register(
     Method(
@@ -95,7 +104,8 @@ register(
         _HEADKV,
         WindowAttention(),
         budgets=HeadPrior(),
-    )
+    ),
+    colour="#f768a1",
 )
 register(
     Method(
@@ -105,7 +115,8 @@ register(
         WindowAttention(),
         budgets=HeadPrior(),
         select=Critical(),
-    )
+    ),
+    colour="#ae017e",
 )
 register(
     Method(
@@ -113,7 +124,8 @@ register(
         "Attention sinks (the first 4 tokens) plus the most recent tokens, uniform budgets.",
         _STREAMINGLLM,
         SinksAndRecent(),
-    )
+    ),
+    colour="#969696",
 )
 register(
     Method(
@@ -121,7 +133,8 @@ register(
         "Attention accumulated over all prompt queries (heavy hitters) plus the window, uniform budgets.",
         _H2O,
         AccumulatedAttention(),
-    )
+    ),
+    colour="#bcbd22",
 )
 register(
     Method(
@@ -129,7 +142,8 @@ register(
         "Keeps the keys with the lowest L2 norm (score -||k||), uniform budgets.",
         _KNORM,
         KeyNorm(),
-    )
+    ),
+    colour="#8c564b",
 )
 register(
     Method(
@@ -140,7 +154,8 @@ register(
         DefensiveAggregation(),
         budgets=Adaptive(alpha_floor=0.0),
         select=AdaptiveCritical(),
-    )
+    ),
+    colour="#74c476",
 )
 register(
     Method(
@@ -150,7 +165,8 @@ register(
         DefensiveAggregation(),
         budgets=LayerJoint(),
         select=AdaptiveCritical(),
-    )
+    ),
+    colour="#006d2c",
 )
 register(
     Method(
@@ -158,7 +174,8 @@ register(
         "The last query's attention, averaged over all heads of the layer (one ranking per layer), top-k.",
         _TOVA,
         LastQueryAttention(),
-    )
+    ),
+    colour="#17becf",
 )
 register(
     Method(
@@ -167,7 +184,8 @@ register(
         f"{_CRITICAL}; {_TOVA}",
         LastQueryAttention(),
         select=Critical(),
-    )
+    ),
+    colour="#0b6b75",
 )
 register(
     Method(
@@ -175,7 +193,8 @@ register(
         "Keeps the keys least similar in direction to the mean key (score -cos(k, mean unit key)), top-k.",
         _KEYDIFF,
         KeyDissimilarity(),
-    )
+    ),
+    colour="#e377c2",
 )
 register(
     Method(
@@ -184,7 +203,8 @@ register(
         "positions) times ||V||_2, question-agnostic, top-k.",
         _EXPECTED,
         ExpectedAttention(),
-    )
+    ),
+    colour="#c7a26b",
 )
 register(
     Method(
@@ -193,7 +213,8 @@ register(
         f"{_CRITICAL}; {_EXPECTED}",
         ExpectedAttention(value_norm=False),
         select=Critical(),
-    )
+    ),
+    colour="#7f5a1e",
 )
 register(
     Method(
@@ -203,7 +224,8 @@ register(
         _KVZIP,
         ReconstructionAttention(),
         budgets=LayerJoint(),
-    )
+    ),
+    colour="#ff9896",
 )
 register(
     Method(
@@ -213,5 +235,6 @@ register(
         ReconstructionAttention(),
         budgets=LayerJoint(),
         select=Critical(),
-    )
+    ),
+    colour="#d62728",
 )

@@ -9,10 +9,13 @@ from criticalkv.methods.method import Method
 from criticalkv.methods.spec import format_spec, parse_spec
 
 _REGISTRY: dict[str, Method] = {}
+#: each registered method's colour in every figure (``None``: a spare colour is picked for it)
+_COLOURS: dict[str, str | None] = {}
 
 
-def register(method: Method) -> None:
-    """Register ``method`` under its name (replacing any earlier method of that name).
+def register(method: Method, *, colour: str | None = None) -> None:
+    """Register ``method`` under its name (replacing any earlier method of that name), drawn in
+    ``colour`` (a matplotlib colour, e.g. ``"#08519c"``) in every figure.
 
     To change a parameter of a registered method, use ``get_method(name, **options)`` instead.
     """
@@ -20,7 +23,15 @@ def register(method: Method) -> None:
         raise TypeError(f"register(...) needs a criticalkv Method, not {method!r}")
     if not isinstance(method.name, str) or not method.name:
         raise ValueError(f"a method name must be a non-empty string, not {method.name!r}")
+    if colour is not None and (not isinstance(colour, str) or not colour):
+        raise ValueError(f"a method's colour is a matplotlib colour such as '#08519c', not {colour!r}")
     _REGISTRY[method.name] = method
+    _COLOURS[method.name] = colour
+
+
+def method_colour(name: str) -> str | None:
+    """The colour ``name`` was registered with (``None``: none given, or not a registered method)."""
+    return _COLOURS.get(name)
 
 
 def available_methods() -> list[str]:

@@ -142,7 +142,7 @@ def generate(
 
     ``kv_bits`` 8 or 4 stores the kept entries quantized (``kv_group_size`` entries a scale and zero
     point, ``None``: 32 at 8 bits, 64 at 4 bits; the last ``kv_residual`` appended tokens exact;
-    :class:`~criticalkv.cache.quantized.spec.KVQuantization`).
+    :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
 
     Raises
     ------

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from criticalkv.cache.quantized import KVQuantization, quantization_for
-from criticalkv.cache.quantized.blocks import quantize_blocks
+from criticalkv.cache.quantized.code_blocks import quantize_blocks
 from criticalkv.cache.quantized.codec import dequantize, pack, quantize, unpack
 from criticalkv.cache.quantized.prefix import build_quantized_prefix
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from criticalkv.cache.quantized.blocks import empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.code_blocks import empty_blocks, quantize_blocks, write_blocks
 from criticalkv.cache.quantized.codec import value_group
 from criticalkv.cache.quantized.paged import paged_quantized
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix

@@ -1,5 +1,5 @@
 """16-bit ragged storage: the prompt's kept entries as tiers, appended ones in a dense tail, both
-moved into length buckets at the first append of an owned prefix (:mod:`.buckets`)."""
+moved into length buckets at the first append of an owned prefix (:mod:`.length_buckets`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.layouts.attention import ragged_attention
-from criticalkv.cache.layouts.buckets import LengthBuckets
+from criticalkv.cache.layouts.length_buckets import LengthBuckets
 from criticalkv.cache.layouts.paged import paged_prefix
+from criticalkv.cache.layouts.ragged_attention import ragged_attention
 from criticalkv.cache.layouts.tiers import RaggedPrefix, build_prefix, restore_prefix
 from criticalkv.cache.storage import Geometry, Storage, tail_capacity
 from criticalkv.ops import decode_through_op, ragged_decode
@@ -26,7 +26,8 @@ class RaggedStorage(Storage):
     until read back (:meth:`_settle`), so bytes are never held twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spec: None = None) -> None:
+        super().__init__(spec)
         self.prefix: RaggedPrefix | None = None
         self.tail_keys: torch.Tensor | None = None
         self.tail_values: torch.Tensor | None = None
@@ -34,9 +35,6 @@ class RaggedStorage(Storage):
         self.fused: LengthBuckets | None = None
         self.owns_prefix = False
         self.tail_room: int | None = None
-
-    def empty(self) -> RaggedStorage:
-        return RaggedStorage()
 
     # --- the prefix ------------------------------------------------------------------------------
     def set_prefix(self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, *, reselected: bool) -> None:

@@ -30,8 +30,9 @@ from typing import cast
 import torch
 
 from criticalkv.budgets.base import CrossLayerAllocator
-from criticalkv.cache.layer import CompressedLayer, new_storage
+from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.storage import Storage
+from criticalkv.cache.storage_table import new_storage
 from criticalkv.methods import Method
 from criticalkv.state import LayerState
 

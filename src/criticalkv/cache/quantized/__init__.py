@@ -1,10 +1,10 @@
 """Quantized storage of kept entries: ``kv_bits`` 8 or 4 in KIVI-style groups, with the spec
-(:mod:`.spec`), the codec (:mod:`.codec`), blocks of codes (:mod:`.blocks`, :mod:`.partial`), the
+(:mod:`.precision`), the codec (:mod:`.codec`), blocks of codes (:mod:`.code_blocks`, :mod:`.partial`), the
 quantized prefix (:mod:`.prefix`, :mod:`.pool`) and its block table for the decode op
 (:mod:`.paged`; the op and its C kernel are in :mod:`criticalkv.ops`), the storage
 (:mod:`.storage`) and the tensors it saves (:mod:`.persist`)."""
 
-from criticalkv.cache.quantized.spec import (
+from criticalkv.cache.quantized.precision import (
     DEFAULT_GROUP_SIZES,
     DEFAULT_RESIDUAL,
     KVQuantization,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks
 from criticalkv.cache.quantized.codec import dequantize, pack, quantize, unpack, value_group
 
 

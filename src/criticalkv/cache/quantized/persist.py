@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks
 from criticalkv.cache.quantized.codec import value_group
 from criticalkv.cache.quantized.partial import PartialBlocks
 from criticalkv.cache.quantized.prefix import QuantizedPrefix

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.quantized.blocks import QuantizedBlocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks
 from criticalkv.cache.quantized.partial import PartialBlocks
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from criticalkv.cache.layouts import segment_order
-from criticalkv.cache.quantized.blocks import QuantizedBlocks, quantize_blocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks, quantize_blocks
 from criticalkv.cache.quantized.partial import PartialBlocks, quantize_partial
 from criticalkv.cache.quantized.pool import PrefixPool, pool
 

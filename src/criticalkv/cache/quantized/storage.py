@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.cache.quantized.blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
+from criticalkv.cache.quantized.code_blocks import QuantizedBlocks, empty_blocks, quantize_blocks, write_blocks
 from criticalkv.cache.quantized.codec import value_group
 from criticalkv.cache.quantized.paged import PagedQuantized, paged_quantized
 from criticalkv.cache.quantized.persist import (
@@ -25,8 +25,8 @@ from criticalkv.cache.quantized.persist import (
     prefix_tensors,
     restore_prefix,
 )
+from criticalkv.cache.quantized.precision import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.quantized.prefix import QuantizedPrefix, build_quantized_prefix
-from criticalkv.cache.quantized.spec import DEFAULT_RESIDUAL, KVQuantization
 from criticalkv.cache.storage import Geometry, Storage
 from criticalkv.ops import ragged_decode
 
@@ -38,7 +38,7 @@ class QuantizedStorage(Storage):
     spec: KVQuantization
 
     def __init__(self, spec: KVQuantization) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.residual = spec.residual_for(None)
         self.prefix: QuantizedPrefix | None = None
         self.tail_room: int | None = None
@@ -63,8 +63,9 @@ class QuantizedStorage(Storage):
             raise RuntimeError("this storage holds no prefix yet")
         return self.geometry
 
-    def empty(self) -> QuantizedStorage:
-        return QuantizedStorage(self.spec)
+    @classmethod
+    def check_budget(cls, spec: KVQuantization, budget_tokens: int) -> None:
+        spec.check_budget(budget_tokens)  # an explicit residual longer than the budget
 
     # --- the prefix ------------------------------------------------------------------------------
     def set_prefix(self, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor, *, reselected: bool) -> None:

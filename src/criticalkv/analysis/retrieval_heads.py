@@ -1,4 +1,6 @@
-"""Computing head importance scores from needle-retrieval runs (HeadKV's retrieval heads).
+"""Computing head importance scores from needle-retrieval runs (HeadKV's retrieval heads): the
+model-running half of the head scores (``criticalkv head-scores``), above the runtime; the files it
+writes and their binding to a method are :mod:`criticalkv.headscores`, below it.
 
 The procedure, for a model and :class:`ScoringParameters`:
 
@@ -43,9 +45,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from criticalkv.headscores.binding import model_name as name_of
-from criticalkv.headscores.file import HeadScores, architecture
-from criticalkv.headscores.needles import make_retrieval_sample
+from criticalkv.headscores import HeadScores, architecture, make_retrieval_sample
+from criticalkv.headscores import model_name as name_of
+from criticalkv.runs import versions
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.forward import capture_prefill, input_device
 from criticalkv.state import LayerState
@@ -190,7 +192,7 @@ def compute_head_scores(
         procedure=_procedure(params),
         samples={"total": len(records), "used": count, "elapsed_s": round(elapsed, 1), "runs": records},
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        versions=_versions(),
+        versions=versions(),
     )
 
 
@@ -219,6 +221,7 @@ def _score_grid(
 def _procedure(params: ScoringParameters) -> dict[str, Any]:
     """The scoring procedure as recorded in the scores file."""
     return {
+        # the procedure's recorded name, as every scores file holds it (the module was headscores/compute.py)
         "name": "needle-retrieval head scoring (criticalkv.headscores.compute)",
         "references": REFERENCES,
         "parameters": asdict(params) | {"depth_values": [round(d, 4) for d in params.depth_values()]},
@@ -227,15 +230,6 @@ def _procedure(params: ScoringParameters) -> dict[str, Any]:
         "answer_prefix": "The special magic number for {key} is ",
         "aggregation": "mean over counted samples and answer tokens; KV head = mean over its query heads",
     }
-
-
-def _versions() -> dict[str, str]:
-    """The versions of criticalkv, torch and transformers that computed the scores."""
-    import transformers
-
-    from criticalkv import __version__
-
-    return {"criticalkv": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _rows(matrix: torch.Tensor) -> tuple[tuple[float, ...], ...]:

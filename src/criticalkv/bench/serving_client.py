@@ -1,5 +1,7 @@
-"""HTTP client side of the serving benchmarks: the documents, a ``criticalkv serve`` subprocess on
-127.0.0.1, chat requests (plain and streamed), bursts of concurrent requests and ``/metrics`` reads.
+"""HTTP client side of the serving benchmarks (``benchmarks/serving_load.py``): the documents, a
+``criticalkv serve`` subprocess on 127.0.0.1, chat requests (plain and streamed), bursts of
+concurrent requests and ``/metrics`` reads. It needs ``httpx`` (the ``dev`` extra); nothing else in
+the package imports it.
 """
 
 from __future__ import annotations
