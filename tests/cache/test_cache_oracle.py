@@ -120,3 +120,22 @@ def test_prefill_states_compress_like_inflight(device: torch.device) -> None:
             input_ids=nxt, attention_mask=m2, position_ids=positions(m2)[:, -1:], **cache_argument(model, derived)
         ).logits
         assert torch.allclose(la, lb, atol=tolerance(1e-5, device))  # the same kernels on two caches
+
+
+@pytest.mark.parametrize("method", ["snapkv", "critical-snapkv", "critical-adakv", "layer-defensivekv"])
+@torch.no_grad()
+def test_bfloat16_decode_matches_its_masked_full_cache(method: str) -> None:
+    """The CPU default where bfloat16 runs in hardware: the physical cache of a bfloat16 model
+    decodes as the same bfloat16 model's full cache with the evicted entries masked, to within
+    bfloat16's rounding (the selection's scores are computed in float32 inside)."""
+    device = torch.device("cpu")
+    ours, ref = (model.to(torch.bfloat16) for model in _models("llama", device))
+    ids, mask = padded_batch([48, 37], seed=3)
+    cache, _ = compressed_prefill(ours, method, 0.3, ids, mask, window=6)
+    assert cache.compressed_layers[0].dtype == torch.bfloat16
+    ref_cache = DynamicCache(config=ref.config)
+    ref(input_ids=ids, attention_mask=mask, position_ids=positions(mask), **cache_argument(ref, ref_cache))
+    g = torch.Generator().manual_seed(4)
+    steps = [(torch.randint(3, 100, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.long)) for _ in range(6)]
+    worst = _decode_compare(ours, ref, cache, ref_cache, mask, steps)
+    assert worst < 0.02, f"{method} in bfloat16: logits differ by {worst}"  # unmasked: 0.2
