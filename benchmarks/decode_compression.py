@@ -28,8 +28,8 @@ import torch
 
 from criticalkv import CompressedCache, attach, load_model
 from criticalkv.compat import cache_argument
-from criticalkv.eval.plotting import pyplot
 from criticalkv.headscores.haystack import essay_sentences
+from criticalkv.plotting import pyplot
 
 
 def prompt_ids(tokenizer: Any, tokens: int) -> torch.Tensor:

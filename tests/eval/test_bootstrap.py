@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from criticalkv.eval.bootstrap import (
+from criticalkv.eval.report.bootstrap import (
     MIN_PAIRED_SAMPLES,
     cell_intervals,
     describe_difference,
@@ -18,7 +18,7 @@ from criticalkv.eval.bootstrap import (
     paired_differences,
     stratified_interval,
 )
-from criticalkv.eval.report import FIELDS, format_tables, summarise
+from criticalkv.eval.report.sweep import FIELDS, format_tables, summarise
 
 
 def _loop_interval(strata: list[list[float]], resamples: int, seed: int) -> tuple[float, float]:

@@ -15,9 +15,9 @@ from criticalkv.analysis.plots import curves_figure
 from criticalkv.analysis.store import ResultsLog
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import figure as demo_figure
-from criticalkv.eval.plotting import PALETTE, pyplot
-from criticalkv.eval.summary import AVERAGE
-from criticalkv.eval.sweep_figures import budget_figure, tasks_figure
+from criticalkv.eval.report.figures import budget_figure, tasks_figure
+from criticalkv.eval.report.summary import AVERAGE
+from criticalkv.plotting import PALETTE, pyplot
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = "ruler, default, 1024 tokens, question-aware, n = 140 per point, a title long enough to need a second line"

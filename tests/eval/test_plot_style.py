@@ -8,11 +8,11 @@ from pathlib import Path
 
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import plot as demo_plot
-from criticalkv.eval.plotting import PALETTE, method_style
-from criticalkv.eval.report import plot as report_plot
-from criticalkv.eval.report import plot_title
-from criticalkv.eval.summary import AVERAGE
+from criticalkv.eval.report.summary import AVERAGE
+from criticalkv.eval.report.sweep import plot as report_plot
+from criticalkv.eval.report.sweep import plot_title
 from criticalkv.methods import available_methods
+from criticalkv.plotting import PALETTE, method_style
 
 
 def test_every_method_has_one_colour_and_its_own_marker_and_line() -> None:

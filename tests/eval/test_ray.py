@@ -19,8 +19,8 @@ import torch
 
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.ray_runner import RayOptions, build_units, run_sweep_ray
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.ray.runner import RayOptions, build_units, run_sweep_ray
+from criticalkv.eval.sweep.runner import SweepConfig, run_sweep
 from criticalkv.models import load_model, load_tokenizer
 from criticalkv.runs import JsonLines
 from tests.conftest import make_tiny
@@ -198,9 +198,10 @@ class _Method:
 
 
 def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path: Path) -> None:
-    from criticalkv.eval import ray_dispatch, ray_runner
+    from criticalkv.eval.ray import dispatch as ray_dispatch
+    from criticalkv.eval.ray import runner as ray_runner
     from criticalkv.eval.sample import Sample
-    from criticalkv.eval.unit import UnitItem, record_key
+    from criticalkv.eval.sweep.unit import UnitItem, record_key
 
     def unit(index: int) -> ray_runner.WorkUnit:
         sample = Sample("t", index, "c", "q", ["a"], "string_match_part", 4)

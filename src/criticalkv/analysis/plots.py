@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from criticalkv.analysis.aggregate import GroupStats, PairStats, budget_order
-from criticalkv.eval.plotting import method_style, pyplot, wrapped
+from criticalkv.plotting import method_style, pyplot, wrapped
 
 
 def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: str) -> Path:
@@ -76,7 +76,7 @@ def _budget_axis(ax: Any, budgets: Sequence[Any]) -> None:
 
 
 def _colour(method: str) -> str:
-    """The method's colour in every figure (:data:`~criticalkv.eval.plotting.PALETTE`)."""
+    """The method's colour in every figure (:data:`~criticalkv.plotting.PALETTE`)."""
     return str(method_style(method)["color"])
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.report import COMPRESS_SHARE, CRITICAL_EXTRA, derived, method_label
-from criticalkv.eval.plotting import method_style, pyplot
+from criticalkv.plotting import method_style, pyplot
 
 
 def _label(impl: str, method: str) -> str:

@@ -16,8 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from criticalkv.eval.metrics import METRICS
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.tasks.metrics import METRICS
 
 logger = logging.getLogger(__name__)
 
