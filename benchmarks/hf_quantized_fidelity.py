@@ -35,10 +35,9 @@ from criticalkv.bench.hf_quantized import hf_quantized_cache
 from criticalkv.bench.ours import dynamic_cache_bytes
 from criticalkv.cache.quantized import default_group_size
 from criticalkv.eval.sample import Sample, encode_sample
-from criticalkv.eval.sweep.config import SweepConfig
-from criticalkv.eval.sweep.fidelity import fidelity
+from criticalkv.eval.sweep import SweepConfig, fidelity
 from criticalkv.eval.sweep.unit import _gold_text  # the gold answer eval teacher-forces: the same rule
-from criticalkv.eval.tasks.metrics import bind_metric
+from criticalkv.eval.tasks import bind_metric
 from criticalkv.prompts import left_pad
 from criticalkv.runtime import continue_generation, decode_answers, eos_ids, prefill_into, teacher_forced_logprobs
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from criticalkv.eval.report.bootstrap import by_config, paired_difference
+from criticalkv.eval.report import by_config, paired_difference
 from criticalkv.plotting import pyplot
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from criticalkv.eval.tasks.dataset import load_dataset_file
-from criticalkv.eval.tasks.metrics import char_credit, string_match_all, string_match_part
+from criticalkv.eval.tasks import char_credit, load_dataset_file, string_match_all, string_match_part
 
 
 @pytest.mark.parametrize("metric", [string_match_part, string_match_all])

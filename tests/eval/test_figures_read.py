@@ -15,8 +15,7 @@ from criticalkv.analysis.plots import curves_figure
 from criticalkv.analysis.store import ResultsLog
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import figure as demo_figure
-from criticalkv.eval.report.figures import budget_figure, tasks_figure
-from criticalkv.eval.report.summary import AVERAGE
+from criticalkv.eval.report import AVERAGE, budget_figure, tasks_figure
 from criticalkv.plotting import PALETTE, pyplot
 
 ROOT = Path(__file__).resolve().parents[2]

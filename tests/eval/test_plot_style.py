@@ -8,9 +8,8 @@ from pathlib import Path
 
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import plot as demo_plot
-from criticalkv.eval.report.summary import AVERAGE
-from criticalkv.eval.report.sweep import plot as report_plot
-from criticalkv.eval.report.sweep import plot_title
+from criticalkv.eval.report import AVERAGE, plot_title
+from criticalkv.eval.report import plot as report_plot
 from criticalkv.methods import available_methods
 from criticalkv.plotting import PALETTE, method_style
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from criticalkv.eval.report.sweep import build_report, summarise
+from criticalkv.eval.report import build_report, summarise
 
 
 def _line(method: str, budget: float, index: int, score: float, nll: float) -> dict[str, object]:

@@ -17,8 +17,7 @@ import pytest
 from criticalkv.analysis.store import ResultsLog, check_run_config, read_run_config
 from criticalkv.eval import store
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS
-from criticalkv.eval.sweep import runner
-from criticalkv.eval.sweep.config import SweepConfig
+from criticalkv.eval.sweep import SweepConfig, runner
 from criticalkv.methods import available_methods
 
 #: the folders written by the earlier code (later ones, such as the resumable ``aware-20`` sweep, are

@@ -15,8 +15,8 @@ import torch
 import criticalkv as ckv
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.report.sweep import build_report, format_tables, loss_reductions, summarise
-from criticalkv.eval.sweep.runner import SweepConfig, run_sweep
+from criticalkv.eval.report import build_report, format_tables, loss_reductions, summarise
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runs import FolderBusy, writer_lock
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -94,7 +94,7 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.eval.report.sweep import build_report
+    from criticalkv.eval.report import build_report
     from criticalkv.eval.store import check_run
     from criticalkv.plotting import require_matplotlib
 
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs["head_scores"] = str(head_scores)
     config = _config(args, tasks, kwargs)
     if args.dataset:  # say how many lines of each task run (--samples is per task)
-        from criticalkv.eval.tasks.dataset import describe_usage, first_per_task, load_dataset_file
+        from criticalkv.eval.tasks import describe_usage, first_per_task, load_dataset_file
 
         print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
     check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:
-    from criticalkv.eval.sweep.config import SweepConfig
+    from criticalkv.eval.sweep import SweepConfig
 
     return SweepConfig(
         out=args.out,
