@@ -81,7 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     """Where the samples come from: a benchmark and its tasks, or your own file."""
     p.add_argument(
-        "--benchmark", choices=["ruler", "longbench"], default="ruler", help="the benchmark (--dataset: your own file)"
+        "--benchmark",
+        type=_benchmark,
+        default="ruler",
+        help="a registered benchmark: ruler, longbench, ... (--dataset: your own file)",
     )
     p.add_argument(
         "--tasks",
@@ -91,6 +94,19 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, help="a JSONL file of {context, question, answers, metric?} lines")
     p.add_argument("--data-dir", default=None, help="LongBench: folder of its JSONL files (data.zip unpacked)")
     p.add_argument("--longbench-e", action="store_true", help="LongBench-E (13 datasets, length buckets)")
+
+
+def _benchmark(name: str) -> str:
+    """``--benchmark``: a name in the registry (:mod:`criticalkv.eval.benchmarks`), read only when a
+    sweep's arguments are parsed, so a newly registered benchmark needs no flag of its own."""
+    from criticalkv.eval.benchmarks import BENCHMARKS
+
+    names = [n for n in BENCHMARKS if n != "dataset"]  # the dataset benchmark is --dataset PATH
+    if name not in names:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join(map(repr, names))}; --dataset PATH: your own file)"
+        )
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
