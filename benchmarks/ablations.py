@@ -22,8 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from criticalkv.eval.bootstrap import MIN_PAIRED_SAMPLES, by_config, distinguishable, paired_difference
-from criticalkv.eval.report import AVERAGE, summarise
+from criticalkv.eval.report import AVERAGE, MIN_PAIRED_SAMPLES, by_config, distinguishable, paired_difference, summarise
 from criticalkv.eval.store import current_results, read_results
 
 BASES = ("critical-snapkv", "critical-adakv")

@@ -36,8 +36,8 @@ import torch
 from criticalkv.bench.prompt import bench_prompts
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.eval.ruler import make_sample
 from criticalkv.eval.sample import encode_sample
+from criticalkv.eval.tasks import make_sample
 from criticalkv.methods import Method, bind, get_method
 from criticalkv.models import load_model
 from criticalkv.runtime import attach

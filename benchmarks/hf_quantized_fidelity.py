@@ -5,8 +5,8 @@ sweep: fidelity to the full cache and real bytes, beside our quantized cache.
         --lengths 1024 --samples 8 --max-new-tokens 16 [--bits 8,4] [--backend hqq] [--residual 64]
 
 The samples, their encoding (chat template, question-aware), the gold answer and the metrics are
-eval's (:class:`~criticalkv.eval.config.SweepConfig`, ``encode_sample``,
-:func:`~criticalkv.runtime.teacher_forced_logprobs`, :func:`~criticalkv.eval.fidelity.fidelity`,
+eval's (:class:`~criticalkv.eval.sweep.config.SweepConfig`, ``encode_sample``,
+:func:`~criticalkv.runtime.teacher_forced_logprobs`, :func:`~criticalkv.eval.sweep.fidelity.fidelity`,
 ``bind_metric``), so each line pairs with eval's record of the same (task, length, index). Per
 sample: one prefill into a ``DynamicCache`` (the reference: the gold answer teacher-forced on the
 full cache), then for each bit width transformers' ``QuantizedCache`` filled by its own
@@ -34,11 +34,10 @@ from transformers import DynamicCache
 from criticalkv.bench.hf_quantized import hf_quantized_cache
 from criticalkv.bench.ours import dynamic_cache_bytes
 from criticalkv.cache.quantized import default_group_size
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.fidelity import fidelity
-from criticalkv.eval.metrics import bind_metric
 from criticalkv.eval.sample import Sample, encode_sample
-from criticalkv.eval.unit import _gold_text  # the gold answer eval teacher-forces: the same rule
+from criticalkv.eval.sweep import SweepConfig, fidelity
+from criticalkv.eval.sweep.unit import _gold_text  # the gold answer eval teacher-forces: the same rule
+from criticalkv.eval.tasks import bind_metric
 from criticalkv.prompts import left_pad
 from criticalkv.runtime import continue_generation, decode_answers, eos_ids, prefill_into, teacher_forced_logprobs
 

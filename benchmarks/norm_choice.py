@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from criticalkv.eval.bootstrap import by_config, paired_difference
+from criticalkv.eval.report import by_config, paired_difference
 
 VARIANT = ":gram=true:p=2"
 

@@ -10,7 +10,7 @@ element of the compressed prompt: ``32 * kv_bytes / kv_bytes`` of the 16-bit (fl
 row of the same sample and budget, which keeps the same entries (the selection runs before storage).
 ``quantized - float32``: the paired NLL difference of each quantized row and the float32 row of the
 same sample, method and budget, with its 95% percentile bootstrap interval
-(:func:`criticalkv.eval.bootstrap.paired_difference`). ``--hf``: the records of
+(:func:`criticalkv.eval.report.bootstrap.paired_difference`). ``--hf``: the records of
 ``benchmarks/hf_quantized_fidelity.py`` (transformers' ``QuantizedCache``, no eviction, on the same
 samples) as one more series, its NLL increase against the same float32 full cache.
 Writes ``OUT/summary.csv`` and ``OUT/pareto.png``; prints the table.
@@ -26,8 +26,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from criticalkv.eval.bootstrap import by_config, paired_difference
-from criticalkv.eval.plotting import pyplot
+from criticalkv.eval.report import by_config, paired_difference
+from criticalkv.plotting import pyplot
 
 
 def load(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from criticalkv.eval.bootstrap import by_config, paired_difference
+from criticalkv.eval.report import by_config, paired_difference
 
 
 def _load() -> ModuleType:

@@ -14,8 +14,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
 from criticalkv.bench.ours import cache_bits_per_element, dynamic_cache_bytes, state_bytes
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.unit import SampleEvaluator
+from criticalkv.eval.sweep import SampleEvaluator, SweepConfig
 from criticalkv.runtime.forward import prefill_into
 from tests.conftest import VOCAB, make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer

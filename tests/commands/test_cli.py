@@ -12,7 +12,7 @@ import pytest
 from criticalkv.cli import main
 from criticalkv.commands import methods as methods_command
 from criticalkv.commands.common import UsageError
-from criticalkv.eval.needle import make_needle_sample
+from criticalkv.eval.tasks import make_needle_sample
 
 
 def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.eval.runner import run_sweep
+from criticalkv.eval.sweep import run_sweep
 from tests.conftest import make_tiny
 from tests.eval.test_eval import _config
 from tests.helpers.tiny_tokenizer import char_tokenizer

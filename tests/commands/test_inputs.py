@@ -19,7 +19,7 @@ import criticalkv as ckv
 from criticalkv.bench.runner import BenchConfig, load_records, run_bench
 from criticalkv.cli import main
 from criticalkv.eval import demo as demo_module
-from criticalkv.eval.config import SweepConfig, head_scores_fingerprint
+from criticalkv.eval.sweep import SweepConfig, head_scores_fingerprint
 from tests.conftest import make_tiny
 from tests.helpers.synthetic_scores import synthetic_head_scores
 from tests.helpers.tiny_tokenizer import char_tokenizer

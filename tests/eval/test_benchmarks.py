@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from criticalkv.eval.benchmarks import BENCHMARKS, DatasetOptions, LongBenchOptions, RulerOptions, get_benchmark
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.ruler import TASK_NAMES
+from criticalkv.eval.sweep import SweepConfig
+from criticalkv.eval.tasks import TASK_NAMES
 
 
 def test_the_registry_holds_the_three_benchmarks() -> None:

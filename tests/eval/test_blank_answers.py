@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from criticalkv.eval.dataset import load_dataset_file
-from criticalkv.eval.metrics import char_credit, string_match_all, string_match_part
+from criticalkv.eval.tasks import char_credit, load_dataset_file, string_match_all, string_match_part
 
 
 @pytest.mark.parametrize("metric", [string_match_part, string_match_all])
@@ -37,7 +36,7 @@ def test_a_dataset_line_with_a_blank_answer_is_skipped_and_named(
         {"context": "The code is 5.", "question": "Code?", "answers": ["5"]},
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="criticalkv.eval.dataset"):
+    with caplog.at_level(logging.WARNING, logger="criticalkv.eval.tasks.dataset"):
         samples = load_dataset_file(path)
     assert [s.index for s in samples] == [1, 4]
     assert f"{path}:2: an answer is empty or only whitespace" in caplog.text

@@ -10,15 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from criticalkv.eval.bootstrap import (
+from criticalkv.eval.report import (
+    FIELDS,
     MIN_PAIRED_SAMPLES,
     cell_intervals,
     describe_difference,
     distinguishable,
+    format_tables,
     paired_differences,
     stratified_interval,
+    summarise,
 )
-from criticalkv.eval.report import FIELDS, format_tables, summarise
 
 
 def _loop_interval(strata: list[list[float]], resamples: int, seed: int) -> tuple[float, float]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from criticalkv.eval import dataset
-from criticalkv.eval.dataset import line_hash, load_dataset_file, unusable_lines
+from criticalkv.eval.tasks import dataset
+from criticalkv.eval.tasks.dataset import line_hash, load_dataset_file, unusable_lines
 
 ROW = {"context": "The grass is green. The code is 7.", "question": "Code?", "answers": ["7"]}
 

@@ -10,9 +10,8 @@ import pytest
 
 import criticalkv as ckv
 from criticalkv.eval import store
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
-from criticalkv.eval.runner import run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
+from criticalkv.eval.tasks import describe_usage, first_per_task, load_dataset_file
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 

@@ -9,13 +9,19 @@ import pytest
 import torch
 
 import criticalkv as ckv
-from criticalkv.eval import runner as runner_module
 from criticalkv.eval import store
-from criticalkv.eval.dataset import load_dataset_file
-from criticalkv.eval.metrics import char_credit, get_metric, string_match_all, string_match_part
 from criticalkv.eval.report import build_report, loss_reductions, summarise
-from criticalkv.eval.ruler import TASK_NAMES, make_sample
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
+from criticalkv.eval.sweep import runner as runner_module
+from criticalkv.eval.tasks import (
+    TASK_NAMES,
+    char_credit,
+    get_metric,
+    load_dataset_file,
+    make_sample,
+    string_match_all,
+    string_match_part,
+)
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 

@@ -12,7 +12,7 @@ import criticalkv as ckv
 from criticalkv.cache.batch import decode_budget_cache
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runtime import append_tokens, prefill, prefill_into, teacher_forced_logprobs
 from tests.conftest import make_tiny, padded_batch
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -11,7 +11,7 @@ import pytest
 
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.config import SweepConfig
+from criticalkv.eval.sweep import SweepConfig
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 

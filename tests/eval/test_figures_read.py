@@ -15,10 +15,9 @@ from criticalkv.analysis.plots import curves_figure
 from criticalkv.analysis.store import ResultsLog
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import figure as demo_figure
-from criticalkv.eval.plotting import pyplot
-from criticalkv.eval.summary import AVERAGE
-from criticalkv.eval.sweep_figures import budget_figure, tasks_figure
+from criticalkv.eval.report import AVERAGE, budget_figure, tasks_figure
 from criticalkv.methods.registry import method_colour
+from criticalkv.plotting import pyplot
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = "ruler, default, 1024 tokens, question-aware, n = 140 per point, a title long enough to need a second line"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from criticalkv.cli import main
-from criticalkv.eval.lmeval_report import find_runs, format_lmeval_report, is_lmeval_folder
+from criticalkv.eval.report import find_runs, format_lmeval_report, is_lmeval_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "docs" / "results" / "lm-eval" / "runs"

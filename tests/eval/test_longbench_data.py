@@ -14,8 +14,8 @@ from tokenizers import Regex, decoders, pre_tokenizers
 from criticalkv.eval.longbench import buckets, loader, segment, tasks
 from criticalkv.eval.longbench.samples import make_sample
 from criticalkv.eval.longbench.truncation import middle_truncate
-from criticalkv.eval.runner import SweepConfig
 from criticalkv.eval.sample import encode_sample
+from criticalkv.eval.sweep import SweepConfig
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "longbench"

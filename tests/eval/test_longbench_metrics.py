@@ -11,8 +11,8 @@ from criticalkv.eval.longbench import metrics as lbm
 from criticalkv.eval.longbench import segment
 from criticalkv.eval.longbench.postprocess import first_line
 from criticalkv.eval.longbench.similarity import fuzz_ratio, rouge_l
-from criticalkv.eval.metrics import bind_metric, char_credit, get_metric
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.tasks import bind_metric, char_credit, get_metric
 
 
 def test_qa_f1_normalises_like_squad() -> None:

@@ -15,7 +15,7 @@ from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.eval.longbench import tasks
 from criticalkv.eval.report import build_report, summarise
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from tests.conftest import make_tiny
 from tests.eval.test_longbench_data import FIXTURES, exact_char_tokenizer
 

@@ -10,11 +10,10 @@ import pytest
 
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import plot as demo_plot
-from criticalkv.eval.plotting import method_style
+from criticalkv.eval.report import AVERAGE, plot_title
 from criticalkv.eval.report import plot as report_plot
-from criticalkv.eval.report import plot_title
-from criticalkv.eval.summary import AVERAGE
 from criticalkv.methods import Method, available_methods, method_colour, register
+from criticalkv.plotting import method_style
 
 
 def test_every_method_has_one_colour_and_its_own_marker_and_line() -> None:

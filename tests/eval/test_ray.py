@@ -19,8 +19,8 @@ import torch
 
 from criticalkv.cli import main
 from criticalkv.eval import store
-from criticalkv.eval.ray_runner import RayOptions, build_units, run_sweep_ray
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.ray import RayOptions, build_units, run_sweep_ray
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.models import load_model, load_tokenizer
 from criticalkv.runs import JsonLines
 from tests.conftest import make_tiny
@@ -198,17 +198,17 @@ class _Method:
 
 
 def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path: Path) -> None:
-    from criticalkv.eval import ray_dispatch, ray_runner
+    from criticalkv.eval.ray import UnitResult, WorkerPool, WorkUnit, dispatch
     from criticalkv.eval.sample import Sample
-    from criticalkv.eval.unit import UnitItem, record_key
+    from criticalkv.eval.sweep import UnitItem, record_key
 
-    def unit(index: int) -> ray_runner.WorkUnit:
+    def unit(index: int) -> WorkUnit:
         sample = Sample("t", index, "c", "q", ["a"], "string_match_part", 4)
-        return ray_runner.WorkUnit("m", (UnitItem(600, sample, (("full", 1.0), ("snapkv", 0.2))),))
+        return WorkUnit("m", (UnitItem(600, sample, (("full", 1.0), ("snapkv", 0.2))),))
 
     calls: list[int] = []
 
-    def run(work: ray_runner.WorkUnit) -> ray_runner.UnitResult:
+    def run(work: WorkUnit) -> UnitResult:
         index = work.items[0].sample.index
         calls.append(index)
         if calls.count(0) == 1 and index == 0:
@@ -216,7 +216,7 @@ def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path:
         records = [{**record_key("t", 600, index, m, b), "score": 1.0} for m, b in work.items[0].pending]
         if index == 1:  # a recomputed result that is already on disk
             records.append({**record_key("t", 600, 0, "full", 1.0), "score": 1.0})
-        return ray_runner.UnitResult(records, 0.0, "fake")
+        return UnitResult(records, 0.0, "fake")
 
     def spawn() -> Any:
         worker = type("Worker", (), {})()
@@ -224,9 +224,9 @@ def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path:
         return worker
 
     fake = _FakeRay()
-    pool = ray_dispatch.WorkerPool(fake, spawn, 1)  # type: ignore[arg-type]
+    pool = WorkerPool(fake, spawn, 1)  # type: ignore[arg-type]
     done: dict[str, str | None] = {}
-    ray_dispatch.dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
+    dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
     keys = [store.result_key(r) for r in JsonLines(tmp_path / store.RESULTS).rows()]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
     assert calls.count(0) == 2 and len(fake.killed) == 1  # unit 0 ran again, on a fresh worker

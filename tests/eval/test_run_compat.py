@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from criticalkv.analysis.store import ResultsLog, check_run_config, read_run_config
-from criticalkv.eval import runner, store
+from criticalkv.eval import store
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS
-from criticalkv.eval.config import SweepConfig
+from criticalkv.eval.sweep import SweepConfig, runner
 from criticalkv.methods import available_methods
 
 #: the folders written by the earlier code (later ones, such as the resumable ``aware-20`` sweep, are

@@ -16,7 +16,7 @@ import criticalkv as ckv
 from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.eval.report import build_report, format_tables, loss_reductions, summarise
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runs import FolderBusy, writer_lock
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-# experiment and app code: the core (everything else) never imports it
-OUTER = frozenset({"eval", "analysis", "bench", "commands", "cli", "serve"})
+# experiment and app code (and the figures' plotting beside it): the core (everything else) never imports it
+OUTER = frozenset({"eval", "analysis", "bench", "commands", "cli", "serve", "plotting"})
 # (importing subpackage, imported subpackage) pairs that are forbidden even inside the core
 FORBIDDEN = frozenset(
     {
@@ -435,3 +435,27 @@ def decode_loops(folder: Path) -> list[str]:
                 ):
                     out.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}(..., position_ids=...)")
     return sorted(set(out))
+
+
+def room_faces_without_all(root: Path, parent: str) -> list[str]:
+    """The rooms (subpackages directly inside ``parent``) whose ``__init__`` sets no ``__all__``."""
+    package = read_package(root)
+    out = []
+    for room in subpackages(package, parent):
+        tree = ast.parse(package.files[room].read_text())
+        targets = [
+            t.id
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(t, ast.Name)
+        ]
+        if "__all__" not in targets:
+            out.append(str(package.files[room].relative_to(root.parent)))
+    return out
+
+
+def outside_face_violations(root: Path, parent: str) -> list[str]:
+    """Imports by code outside ``parent`` (e.g. ``criticalkv.eval``) of a module inside one of its
+    rooms: outside code imports a room's face (its ``__init__``); rooms inside may use each other."""
+    return [line for line in face_violations(root, parent) if not line.startswith(parent + ".")]

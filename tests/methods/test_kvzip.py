@@ -14,7 +14,7 @@ import criticalkv as ckv
 from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.budgets import LayerJoint
 from criticalkv.eval import store
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runtime import RepeatPrompt, prefill, repeat_prompt
 from criticalkv.runtime.reconstruction import CUE_TOKENS
 from criticalkv.scores.kvzip import ReconstructionAttention

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import criticalkv as ckv
-from criticalkv.eval.config import SweepConfig
+from criticalkv.eval.sweep import SweepConfig
 from criticalkv.needs import ALL_QUERIES, NOTHING, Needs
 from criticalkv.scores import WindowAttention
 from criticalkv.select import Critical

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import criticalkv as ckv
 from criticalkv.commands.common import methods_arg
 from criticalkv.eval import store
-from criticalkv.eval.runner import SweepConfig, run_sweep
+from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.methods.spec import format_spec, parse_spec
 from tests.conftest import make_tiny
 from tests.helpers.random_state import random_state

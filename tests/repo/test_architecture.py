@@ -18,9 +18,11 @@ from tests.helpers.architecture import (
     long_functions,
     method_probes,
     needs_readers,
+    outside_face_violations,
     private_access,
     read_package,
     room_cycles,
+    room_faces_without_all,
     script_imports,
     storage_namers,
     storage_probes,
@@ -442,3 +444,48 @@ def test_scripts_that_import_a_script_or_step_a_decode_by_hand_are_found(tmp_pat
     (tmp_path / "user.py").write_text("import shared\nfrom shared import prompt_ids\n\n" + loop)
     assert script_imports(tmp_path) == ["user.py:1: shared", "user.py:2: shared"]
     assert decode_loops(tmp_path) == ["user.py:5: model(..., position_ids=...)"]
+
+
+#: eval's rooms (issue 43): at most this many modules at the top of ``eval/``, the rest in rooms
+MAX_EVAL_TOP_MODULES = 6
+
+
+def test_eval_keeps_at_most_six_modules_at_its_top() -> None:
+    top = sorted(path.name for path in (PACKAGE / "eval").glob("*.py") if path.name != "__init__.py")
+    assert len(top) <= MAX_EVAL_TOP_MODULES, report(
+        f"modules at the top of eval/ (at most {MAX_EVAL_TOP_MODULES})",
+        "move the module into the room of its concern (docs/contributing.md, eval's rooms)",
+        top,
+    )
+
+
+def test_every_room_of_eval_has_a_face() -> None:
+    faceless = room_faces_without_all(PACKAGE, "criticalkv.eval")
+    assert not faceless, report(
+        "rooms of eval/ whose __init__ sets no __all__",
+        "list the names code outside the room may import in __all__",
+        faceless,
+    )
+
+
+def test_code_outside_eval_imports_only_its_rooms_faces() -> None:
+    violations = outside_face_violations(PACKAGE, "criticalkv.eval")
+    assert not violations, report(
+        "modules outside eval/ import the inside of one of its rooms",
+        "import the name from the room's __init__ (export it there if it belongs to its face)",
+        violations,
+    )
+
+
+def test_rooms_without_all_and_imports_past_a_face_from_outside_are_found(tmp_path: Path) -> None:
+    changes = {
+        "eval/room/__init__.py": "from pkg.eval.room.inner import X\n\n__all__ = ['X']\n",
+        "eval/room/inner.py": "X = 1\n",
+        "eval/bare/__init__.py": "from pkg.eval.bare.inner import Y\n",
+        "eval/bare/inner.py": "Y = 1\n",
+        "eval/other.py": "from pkg.eval.room.inner import X\n",  # inside eval: rooms may use each other
+        "cli.py": "from pkg.eval.room.inner import X\nfrom pkg.eval.room import X\n",
+    }
+    root = write_package(tmp_path, changes)
+    assert room_faces_without_all(root, "pkg.eval") == ["pkg/eval/bare/__init__.py"]
+    assert outside_face_violations(root, "pkg.eval") == ["pkg.cli -> pkg.eval.room.inner (pkg/cli.py:1)"]

@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 
 from criticalkv.bench.prompt import bench_prompts
-from criticalkv.eval import words
 from criticalkv.eval.longbench import tasks
-from criticalkv.eval.needle import make_needle_sample
-from criticalkv.eval.ruler import NOISE, TASK_NAMES, essay_sentences, essay_words, make_sample
+from criticalkv.eval.tasks import (
+    NOISE,
+    TASK_NAMES,
+    essay_sentences,
+    essay_words,
+    make_needle_sample,
+    make_sample,
+    words,
+)
 from criticalkv.headscores.needles import make_retrieval_sample
 from tests.helpers.tiny_tokenizer import char_tokenizer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from criticalkv.cli import main
-from criticalkv.eval.plotting import MissingMatplotlib, pyplot
+from criticalkv.plotting import MissingMatplotlib, pyplot
 
 SENTENCE = (
     "criticalkv: error: the plots need matplotlib, which is not installed: "
@@ -67,7 +67,7 @@ def test_a_plot_without_matplotlib_is_one_sentence(
 
 def test_the_library_imports_no_matplotlib() -> None:
     code = (
-        "import sys, criticalkv, criticalkv.cli, criticalkv.eval.report, criticalkv.eval.demo, "
+        "import sys, criticalkv, criticalkv.cli, criticalkv.eval.report.sweep, criticalkv.eval.demo, "
         "criticalkv.analysis.report, criticalkv.bench.report; "
         "sys.exit('matplotlib' in sys.modules)"
     )

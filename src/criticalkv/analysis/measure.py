@@ -27,7 +27,7 @@ from criticalkv.analysis.spec import RunSpec
 from criticalkv.analysis.store import round_floats
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.eval.needle import make_needle_sample
+from criticalkv.eval.tasks import make_needle_sample
 from criticalkv.methods import get_method
 from criticalkv.prompts import encode_pair
 from criticalkv.runtime import append_tokens, input_device, prefill

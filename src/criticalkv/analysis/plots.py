@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from criticalkv.analysis.aggregate import GroupStats, PairStats, budget_order
-from criticalkv.eval.plotting import method_style, pyplot, wrapped
+from criticalkv.plotting import method_style, pyplot, wrapped
 
 
 def plot_heatmaps(pairs: Sequence[PairStats], path: Path, queries: str, title: str) -> Path:

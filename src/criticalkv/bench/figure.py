@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.report import COMPRESS_SHARE, CRITICAL_EXTRA, derived, method_label
-from criticalkv.eval.plotting import method_style, pyplot
+from criticalkv.plotting import method_style, pyplot
 from criticalkv.runs import write_atomically
 
 

@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.bench.kvpress_impl import import_kvpress
     from criticalkv.bench.report import caveats, format_table
     from criticalkv.bench.runner import load_records, run_bench
-    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
+    from criticalkv.plotting import require_matplotlib
     from criticalkv.runs import write_text_atomically
 
     config = _config(args)

@@ -37,8 +37,8 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.demo import DEMO_METHODS, run_demo, write_outputs
-    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.models import load_model
+    from criticalkv.plotting import require_matplotlib
 
     if args.samples < 1:
         raise UsageError("--samples must be at least 1")

@@ -81,7 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     """Where the samples come from: a benchmark and its tasks, or your own file."""
     p.add_argument(
-        "--benchmark", choices=["ruler", "longbench"], default="ruler", help="the benchmark (--dataset: your own file)"
+        "--benchmark",
+        type=_benchmark,
+        default="ruler",
+        help="a registered benchmark: ruler, longbench, ... (--dataset: your own file)",
     )
     p.add_argument(
         "--tasks",
@@ -93,10 +96,23 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--longbench-e", action="store_true", help="LongBench-E (13 datasets, length buckets)")
 
 
+def _benchmark(name: str) -> str:
+    """``--benchmark``: a name in the registry (:mod:`criticalkv.eval.benchmarks`), read only when a
+    sweep's arguments are parsed, so a newly registered benchmark needs no flag of its own."""
+    from criticalkv.eval.benchmarks import BENCHMARKS
+
+    names = [n for n in BENCHMARKS if n != "dataset"]  # the dataset benchmark is --dataset PATH
+    if name not in names:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join(map(repr, names))}; --dataset PATH: your own file)"
+        )
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.eval.plotting import require_matplotlib
     from criticalkv.eval.report import build_report
     from criticalkv.eval.store import check_run
+    from criticalkv.plotting import require_matplotlib
 
     if args.ray is not None:
         require_extra("eval --ray", "ray", "ray")
@@ -111,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs["head_scores"] = str(head_scores)
     config = _config(args, tasks, kwargs)
     if args.dataset:  # say how many lines of each task run (--samples is per task)
-        from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file
+        from criticalkv.eval.tasks import describe_usage, first_per_task, load_dataset_file
 
         print(describe_usage(args.dataset, first_per_task(load_dataset_file(args.dataset), args.samples)[1]))
     check_run(config.out, config.identity())  # a folder of another configuration: refused before the model loads
@@ -123,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:
-    from criticalkv.eval.config import SweepConfig
+    from criticalkv.eval.sweep import SweepConfig
 
     return SweepConfig(
         out=args.out,

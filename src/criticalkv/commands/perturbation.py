@@ -63,7 +63,7 @@ def _command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from criticalkv.analysis.report import write_report
     from criticalkv.analysis.runner import RunSpec, check_budgets, comparison_configs, run_perturbation
-    from criticalkv.eval.plotting import require_matplotlib
+    from criticalkv.plotting import require_matplotlib
 
     require_matplotlib()  # for the heatmaps and curves, before anything is measured
     output_folder(args.out, "--out")

@@ -32,8 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.eval.lmeval_report import find_runs, format_lmeval_report, is_lmeval_folder
-    from criticalkv.eval.report import build_report
+    from criticalkv.eval.report import build_report, find_runs, format_lmeval_report, is_lmeval_folder
 
     for folder in args.out:
         if not folder.is_dir():

@@ -38,13 +38,13 @@ def run_sweep_from_args(args: argparse.Namespace, config: Any) -> None:
 
     wait = DEFAULT_WAIT if args.wait is None else args.wait
     if args.ray is None:
-        from criticalkv.eval.runner import run_sweep
+        from criticalkv.eval.sweep import run_sweep
         from criticalkv.models import load_model
 
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
         run_sweep(config, model, tokenizer, wait=wait)
         return
-    from criticalkv.eval.ray_runner import RayNotInstalled, RayOptions, run_sweep_ray
+    from criticalkv.eval.ray import RayNotInstalled, RayOptions, run_sweep_ray
 
     options = RayOptions(
         address=args.ray or None,

@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.eval.needle import digit_credit, exact_match, make_needle_sample
-from criticalkv.eval.plotting import category_axis, dodged, method_style, pyplot, wrapped
+from criticalkv.eval.tasks.needle import digit_credit, exact_match, make_needle_sample
+from criticalkv.plotting import category_axis, dodged, method_style, pyplot, wrapped
 from criticalkv.prompts import encode_pair, left_pad
 from criticalkv.runtime import check_positions, continue_generation, decode_answers, eos_ids, input_device, prefill
 
@@ -178,7 +178,7 @@ def _memory_step(table: Sequence[dict[str, Any]], count: int) -> float:
 
 def figure(table: Sequence[dict[str, Any]], title: str) -> Any:
     """The demo's two panels: every method in its colour, marker and line style of
-    :func:`~criticalkv.eval.plotting.method_style`; the methods of one budget side by side (equal
+    :func:`~criticalkv.plotting.method_style`; the methods of one budget side by side (equal
     accuracies stay visible, none hides under another or under the full cache's line), the full
     cache as a line (left) and a star (right), all in one legend beside the panels."""
     plt = pyplot()

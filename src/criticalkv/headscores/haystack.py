@@ -61,7 +61,7 @@ def needle_in_noise(
     """:data:`NEEDLE_INTRO` and about ``length`` tokens of :data:`NOISE` with ``needle`` at ``depth`` (0..1).
 
     The noise is repeated as often as fits beside the intro and the needle; ``sized_with_space``
-    counts the needle's tokens with a leading space (how :mod:`criticalkv.eval.needle` sizes it).
+    counts the needle's tokens with a leading space (how :mod:`criticalkv.eval.tasks.needle` sizes it).
     """
     per_noise = len(tokenizer(" " + NOISE, add_special_tokens=False)["input_ids"])
     sized = (" " if sized_with_space else "") + needle

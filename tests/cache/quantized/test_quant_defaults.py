@@ -12,7 +12,7 @@ import criticalkv as ckv
 from criticalkv.bench.config import BenchConfig
 from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, KVQuantization, default_group_size, quantization_for
 from criticalkv.cli import build_parser
-from criticalkv.eval.config import SweepConfig
+from criticalkv.eval.sweep import SweepConfig
 from criticalkv.runtime.forward import append_tokens, prefill_into
 from tests.conftest import VOCAB, make_tiny
 

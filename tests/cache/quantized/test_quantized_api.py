@@ -181,7 +181,7 @@ def test_row_reordering_is_refused(model: PreTrainedModel) -> None:
 
 
 def test_sweep_identity_records_kv_bits_only_when_set(tmp_path: object) -> None:
-    from criticalkv.eval.config import SweepConfig
+    from criticalkv.eval.sweep import SweepConfig
 
     common = {"tasks": ["niah_single_1"], "lengths": [256], "samples": 1, "model": "tiny"}
     plain = SweepConfig(out=f"{tmp_path}/a", **common)  # type: ignore[arg-type]

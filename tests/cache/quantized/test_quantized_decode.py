@@ -189,7 +189,7 @@ def test_a_sweep_with_quantized_storage_under_a_decode_budget(tmp_path: Path) ->
     """``criticalkv eval --kv-bits 4 --decode-budget``: records hold the bits, the peak, and fewer
     bytes than the same sweep unquantized."""
     from criticalkv.eval import store
-    from criticalkv.eval.runner import SweepConfig, run_sweep
+    from criticalkv.eval.sweep import SweepConfig, run_sweep
     from tests.helpers.tiny_tokenizer import char_tokenizer
 
     model = ckv.attach(make_tiny("llama"))

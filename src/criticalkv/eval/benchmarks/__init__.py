@@ -2,7 +2,7 @@
 
 A benchmark (:class:`~criticalkv.eval.benchmarks.base.Benchmark`) has its own options
 dataclass, checks them, makes the samples and says what it adds to the run identity; the
-sweep (:class:`~criticalkv.eval.config.SweepConfig`) looks it up here by name.
+sweep (:class:`~criticalkv.eval.sweep.config.SweepConfig`) looks it up here by name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Your own JSONL data (:mod:`criticalkv.eval.dataset`) as a sweep benchmark."""
+"""Your own JSONL data (:mod:`criticalkv.eval.tasks.dataset`) as a sweep benchmark."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw
-from criticalkv.eval.dataset import describe_usage, first_per_task, load_dataset_file, unusable_lines
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import DATASET_CHECK
+from criticalkv.eval.tasks.dataset import describe_usage, first_per_task, load_dataset_file, unusable_lines
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw, Slot
-from criticalkv.eval.ruler import TASK_NAMES, make_sample
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.tasks.ruler import TASK_NAMES, make_sample
 
 
 @dataclass(frozen=True)

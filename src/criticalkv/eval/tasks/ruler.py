@@ -4,7 +4,7 @@ Templates, answer prefixes, needle formats, task parameters and metrics follow R
 ``synthetic.yaml`` and ``constants.py``. Differences: the natural-text haystack is public-domain
 text shipped with the package (see :mod:`criticalkv.headscores.haystack`); ``vt`` and ``cwe`` have
 no in-context example; ``qa_1``/``qa_2`` use SQuAD/HotpotQA when given (``qa_source``) and otherwise
-an offline synthetic multi-document QA of the same shape (:mod:`criticalkv.eval.qa_data`).
+an offline synthetic multi-document QA of the same shape (:mod:`criticalkv.eval.tasks.qa_data`).
 The requested length is the prompt's token count without the chat template.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from criticalkv.eval.qa_data import qa_documents
 from criticalkv.eval.sample import Sample
-from criticalkv.eval.words import ADJECTIVES, NOUNS, distinct_keys
+from criticalkv.eval.tasks.qa_data import qa_documents
+from criticalkv.eval.tasks.words import ADJECTIVES, NOUNS, distinct_keys
 from criticalkv.headscores.haystack import NOISE, essay_sentences, essay_words
 
 Builder = Callable[[random.Random, int], tuple[str, str, list[str], str, dict[str, Any]]]

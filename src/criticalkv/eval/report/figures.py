@@ -12,9 +12,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from criticalkv.eval.bootstrap import INTERVAL_COLUMNS
-from criticalkv.eval.plotting import category_axis, dodged, legend_outside, method_style, pyplot, wrapped
-from criticalkv.eval.summary import AVERAGE
+from criticalkv.eval.report.bootstrap import INTERVAL_COLUMNS
+from criticalkv.eval.report.summary import AVERAGE
+from criticalkv.plotting import category_axis, dodged, legend_outside, method_style, pyplot, wrapped
 
 __all__ = ["budget_figure", "chosen_budget", "tasks_figure"]
 

@@ -10,8 +10,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.session import record_unusable, sweep_folder
 from criticalkv.eval.store import (
     append_result,
     append_skipped,
@@ -20,7 +18,9 @@ from criticalkv.eval.store import (
     is_done,
     result_key,
 )
-from criticalkv.eval.unit import SampleEvaluator, pending_pairs, record_key
+from criticalkv.eval.sweep.config import SweepConfig
+from criticalkv.eval.sweep.session import record_unusable, sweep_folder
+from criticalkv.eval.sweep.unit import SampleEvaluator, pending_pairs, record_key
 from criticalkv.runs import DEFAULT_WAIT
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,11 @@ def _progress(
 def run_sweep(config: SweepConfig, model: Any, tokenizer: Any, *, wait: float = DEFAULT_WAIT) -> Path:
     """Run (or resume) a sweep; results go to ``config.out/results.jsonl``.
 
-    Samples run one after another on ``model`` (see :class:`~criticalkv.eval.unit.SampleEvaluator`);
-    :func:`criticalkv.eval.ray_runner.run_sweep_ray` runs the same work on a Ray cluster. Everything
+    Samples run one after another on ``model`` (see :class:`~criticalkv.eval.sweep.unit.SampleEvaluator`);
+    :func:`criticalkv.eval.ray.runner.run_sweep_ray` runs the same work on a Ray cluster. Everything
     that can be checked is checked before the folder is touched; then the run holds the folder's
     writer lock, waiting up to ``wait`` seconds for another writer (see
-    :func:`~criticalkv.eval.session.sweep_folder`). A ``--dataset`` line longer than the model
+    :func:`~criticalkv.eval.sweep.session.sweep_folder`). A ``--dataset`` line longer than the model
     accepts is skipped with a warning and listed in ``skipped.jsonl``.
     """
     evaluator = SampleEvaluator(config, model, tokenizer)  # refuses lengths the model cannot take

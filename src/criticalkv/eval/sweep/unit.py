@@ -1,8 +1,8 @@
 """The work of a sweep on one sample: one full prefill, every pending (method, budget) derived from it.
 
 :class:`SampleEvaluator` is built once per (sweep, model) and turns ``(length, sample, pending
-pairs)`` into result records. The local runner (:func:`criticalkv.eval.runner.run_sweep`) and the
-Ray workers (:mod:`criticalkv.eval.ray_runner`) both call it, so both produce the same records.
+pairs)`` into result records. The local runner (:func:`criticalkv.eval.sweep.runner.run_sweep`) and the
+Ray workers (:mod:`criticalkv.eval.ray.runner`) both call it, so both produce the same records.
 Writing them to ``results.jsonl`` is the caller's job.
 """
 
@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
-from criticalkv.eval.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
-from criticalkv.eval.fidelity import Fidelity, fidelity
-from criticalkv.eval.metrics import bind_metric, char_credit
 from criticalkv.eval.sample import Sample, encode_sample
 from criticalkv.eval.store import is_done, result_key
+from criticalkv.eval.sweep.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
+from criticalkv.eval.sweep.fidelity import Fidelity, fidelity
+from criticalkv.eval.tasks.metrics import bind_metric, char_credit
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
 from criticalkv.runtime import eos_ids, input_device, prompt_states, repeat_prompt
 
 if TYPE_CHECKING:
-    from criticalkv.eval.config import SweepConfig
+    from criticalkv.eval.sweep.config import SweepConfig
 
 logger = logging.getLogger(__name__)
 

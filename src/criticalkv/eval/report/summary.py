@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from criticalkv.eval.bootstrap import cell_intervals
+from criticalkv.eval.report.bootstrap import cell_intervals
 
 AVERAGE = "average"
 

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from criticalkv.eval.metrics import METRICS
 from criticalkv.eval.sample import Sample
+from criticalkv.eval.tasks.metrics import METRICS
 
 logger = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ The driver (the process that calls :func:`run_sweep_ray`) builds the samples its
 only the tokenizer, see :func:`criticalkv.models.load_tokenizer`) and ships them inside the
 units, so workers need no access to data files, QA sources or dataset downloads, and every
 benchmark the local runner knows runs here unchanged. Each worker
-(:class:`~criticalkv.eval.ray_worker.EvalWorker`) loads the sweep's model once and evaluates the
-units sent to it with the same :class:`~criticalkv.eval.unit.SampleEvaluator` as the local
+(:class:`~criticalkv.eval.ray.worker.EvalWorker`) loads the sweep's model once and evaluates the
+units sent to it with the same :class:`~criticalkv.eval.sweep.unit.SampleEvaluator` as the local
 runner, then returns the records.
 
-The driver is the only writer of ``results.jsonl`` (:mod:`criticalkv.eval.ray_dispatch`): it
+The driver is the only writer of ``results.jsonl`` (:mod:`criticalkv.eval.ray.dispatch`): it
 appends each returned record whose key is not yet there, so a unit recomputed after a worker
 died is written exactly once, and a folder resumes across the local and Ray paths alike. A dead
 worker is restarted by Ray (``max_restarts``/``max_task_retries``); a unit whose worker is gone
@@ -22,12 +22,12 @@ from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.ray_dispatch import WorkerPool, dispatch
-from criticalkv.eval.ray_options import RayNotInstalled, RayOptions, import_ray
-from criticalkv.eval.ray_worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
-from criticalkv.eval.session import record_unusable, sweep_folder
+from criticalkv.eval.ray.dispatch import WorkerPool, dispatch
+from criticalkv.eval.ray.options import RayNotInstalled, RayOptions, import_ray
+from criticalkv.eval.ray.worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
 from criticalkv.eval.store import done_index
+from criticalkv.eval.sweep.config import SweepConfig
+from criticalkv.eval.sweep.session import record_unusable, sweep_folder
 from criticalkv.runs import DEFAULT_WAIT
 
 logger = logging.getLogger(__name__)
@@ -105,11 +105,11 @@ def run_sweep_ray(
     wait: float = DEFAULT_WAIT,
 ) -> Path:
     """Run (or resume) a sweep on Ray; results go to ``config.out/results.jsonl`` as with
-    :func:`~criticalkv.eval.runner.run_sweep` (same records, same keys).
+    :func:`~criticalkv.eval.sweep.runner.run_sweep` (same records, same keys).
 
     ``after_sample`` is called on the worker after each sample it evaluates (it travels to the
     workers, so it must pickle). The driver holds the folder's writer lock for the whole run
-    (``wait`` as in :func:`~criticalkv.eval.runner.run_sweep`).
+    (``wait`` as in :func:`~criticalkv.eval.sweep.runner.run_sweep`).
     """
     ray = import_ray()
     from criticalkv.models import load_tokenizer

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from criticalkv.eval.config import SweepConfig
-from criticalkv.eval.ray_options import RayOptions
-from criticalkv.eval.unit import SampleEvaluator, UnitItem, pending_pairs
+from criticalkv.eval.ray.options import RayOptions
+from criticalkv.eval.sweep.config import SweepConfig
+from criticalkv.eval.sweep.unit import SampleEvaluator, UnitItem, pending_pairs
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The report counts one line per result key (the last, see
 :func:`~criticalkv.eval.store.current_results`), prints each cell's sample count, and compares
-two methods only over the samples both have (:mod:`criticalkv.eval.summary`).
+two methods only over the samples both have (:mod:`criticalkv.eval.report.summary`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from criticalkv.eval.bootstrap import (
+from criticalkv.eval.report.bootstrap import (
     INTERVAL_COLUMNS,
     describe_difference,
     paired_against_full,
     paired_differences,
 )
-from criticalkv.eval.plotting import pyplot
+from criticalkv.eval.report.summary import AVERAGE, base_of, loss_reductions, summary_rows
 from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
-from criticalkv.eval.summary import AVERAGE, base_of, loss_reductions, summary_rows
+from criticalkv.plotting import pyplot
 from criticalkv.runs import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ FIELDS = [
     "top1",
     "kv_ratio",
 ]
-# each measured column is followed by its 95% bootstrap interval (criticalkv.eval.bootstrap)
+# each measured column is followed by its 95% bootstrap interval (criticalkv.eval.report.bootstrap)
 FIELDS = [c for f in FIELDS for c in (f, *INTERVAL_COLUMNS.get(f, ()))]
 
 
@@ -231,10 +231,10 @@ def plot_title(out_dir: Path, rows: Sequence[dict[str, Any]], lengths: Sequence[
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path, bar_budget: float | None = None, title: str = "") -> list[Path]:
     """score_vs_budget.png, nll_vs_budget.png and tasks_at_budget.png (each titled ``title``) of
-    :mod:`criticalkv.eval.sweep_figures`: every point with its 95% interval, the full cache's level
+    :mod:`criticalkv.eval.report.figures`: every point with its 95% interval, the full cache's level
     and interval, every method in its colour, marker and line style of
-    :func:`~criticalkv.eval.plotting.method_style`."""
-    from criticalkv.eval.sweep_figures import budget_figure, chosen_budget, tasks_figure
+    :func:`~criticalkv.plotting.method_style`."""
+    from criticalkv.eval.report.figures import budget_figure, chosen_budget, tasks_figure
 
     plt = pyplot()
     paths = []

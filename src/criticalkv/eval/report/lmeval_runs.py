@@ -7,7 +7,7 @@ documents, so two runs pair by (task, metric, ``doc_id``), as our sweeps pair by
 each run's per-sample scores (the runs of one method and budget on several tasks joined); each
 (method, budget)'s mean with its 95% bootstrap interval
 (stratified by task and metric); and, paired per document, each compressed run minus the full cache
-and each ``critical-X`` minus ``X`` at the same budget (:mod:`criticalkv.eval.bootstrap`). A metric
+and each ``critical-X`` minus ``X`` at the same budget (:mod:`criticalkv.eval.report.bootstrap`). A metric
 at -1 on every document of a run is one lm-eval did not measure (RULER reports each length it was
 not asked for as -1, e.g. ``4096``): it is left out and named.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from criticalkv.eval.bootstrap import MIN_PAIRED_SAMPLES, distinguishable, stratified_interval
+from criticalkv.eval.report.bootstrap import MIN_PAIRED_SAMPLES, distinguishable, stratified_interval
 
 __all__ = ["LMEvalRun", "find_runs", "format_lmeval_report", "is_lmeval_folder"]
 

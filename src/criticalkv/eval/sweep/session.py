@@ -23,7 +23,7 @@ from criticalkv.eval.store import (
 from criticalkv.runs import DEFAULT_WAIT, writer_lock
 
 if TYPE_CHECKING:
-    from criticalkv.eval.config import SweepConfig
+    from criticalkv.eval.sweep.config import SweepConfig
 
 logger = logging.getLogger(__name__)
 
