@@ -194,7 +194,7 @@ def test_a_full_server_answers_429(server) -> None:
         assert metric(httpx.get(url + "/metrics").text, "criticalkv_rejected_total") >= 1
     finally:
         for _ in range(engine.config.max_sessions):
-            engine._release()
+            engine.release()
 
 
 def test_a_client_that_disconnects_frees_its_row(server) -> None:
@@ -206,10 +206,10 @@ def test_a_client_that_disconnects_frees_its_row(server) -> None:
         assert response.status_code == 200
         next(response.iter_lines())  # the first event, then hang up
     for _ in range(500):  # bounded wait for the worker to drop the session
-        if engine.active() == 0 and engine._admitted == 0:
+        if engine.active() == 0 and engine.admitted() == 0:
             break
         time.sleep(0.02)
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_api_key(server) -> None:
@@ -280,7 +280,7 @@ def bounded_load(url: str, engine: Engine, reference) -> None:
     stats = engine.store.stats()
     assert stats["on_disk"] > stats["in_memory"]  # the cap made some contexts spill ...
     assert stats["bytes_total"] > cap  # ... and they came back on demand for the answers above
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_an_oversized_context_is_refused(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 They hand the route the server's own ``receive`` (after a chunked body they have read, the body
 first, then the server's messages), so the client's ``http.disconnect`` reaches a route waiting on
-the model (:func:`criticalkv.serve.app.until_disconnected`), which then stops its work. Unlike
+the model (:func:`criticalkv.serve.hangup.until_disconnected`), which then stops its work. Unlike
 Starlette's ``BaseHTTPMiddleware`` they start no task per request and write no private attribute
 of Starlette's ``Request`` (the chunked body was put in ``request._body``). (The
 ``BaseHTTPMiddleware`` of Starlette 1.10 forwards the disconnect too: the cancellation comes from the

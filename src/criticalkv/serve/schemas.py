@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible API (unknown fields are ignored, as OpenAI's are)."""
+"""Every request body of the server (unknown fields are ignored, as OpenAI's are)."""
 
 from __future__ import annotations
 
@@ -67,5 +67,21 @@ class ChatRequest(Compression):
     top_p: float | None = None
     n: int | None = None
     seed: int | None = Field(default=None, strict=True)
-    stop: Any = None  # a string or a list of up to 4 (checked by serve.chat, which names the field)
+    stop: Any = None  # a string or a list (checked by serve.prepare.stops_of, which names the field)
     context_id: str | None = None
+
+
+class CompletionRequest(Compression):
+    """A legacy completions request: text, token ids, or a list of either (one choice each)."""
+
+    model: str
+    prompt: Text | list[int] | list[Text] | list[list[int]]
+    max_tokens: int | None = None  # left out: 16 (OpenAI's default), at most the server's cap
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Any = None
+    logprobs: int | None = None
+    echo: bool = False
+    n: int | None = None
+    stream: bool = False

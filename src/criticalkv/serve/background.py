@@ -1,4 +1,4 @@
-"""Contexts compressing in the background, the contexts list and ``/health``.
+"""Contexts compressing in the background: their state until stored (or failed).
 
 ``POST /v1/contexts`` with ``"wait": false`` answers ``202`` at once with the new context's id and
 ``"status": "compressing"``; the compression runs on the engine as a blocking creation's does, and
@@ -9,15 +9,11 @@ the error's message, kept until the id is deleted) or the stored context, ``read
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
 
-from fastapi import FastAPI
-
 from criticalkv.serve.cancel import Progress
-from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.session import Channel
 
@@ -83,16 +79,3 @@ async def follow(channel: Channel, pending: PendingContexts, context_id: str) ->
         pending.fail(context_id, value)
     else:
         pending.finish(context_id)
-
-
-def add_context_routes(app: FastAPI, engine: Engine, pending: PendingContexts) -> None:
-    """``GET /v1/contexts`` (every context: id, tokens, bytes, status, created) and ``GET /health``."""
-
-    @app.get("/v1/contexts")
-    async def list_contexts() -> dict[str, Any]:
-        stored = await asyncio.to_thread(engine.store.infos)
-        return {"object": "list", "data": [*pending.infos(), *stored]}
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.config.model_name, "queue_depth": engine.queue_depth()}

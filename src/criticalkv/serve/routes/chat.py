@@ -9,40 +9,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
+from criticalkv.serve.prepare import check_model_and_n, compression_for, sampling_of, stops_of, too_long
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import ChatRequest
 from criticalkv.serve.session import Channel, ChatWork
 
-#: the most stop sequences a request may set (as OpenAI's API)
-MAX_STOPS = 4
-
 
 def _too_long(total: int, limit: int) -> APIError:
-    return invalid(
-        f"this model accepts {limit} tokens; the context, question and max_tokens need {total}; "
-        "use a shorter document or question, or fewer max_tokens",
-        "messages",
-        "context_length_exceeded",
-    )
-
-
-def check_model_and_n(model: str, n: int | None, served: str) -> None:
-    """A 404 unless ``model`` is the one served, a 400 unless ``n`` is 1 (or absent)."""
-    if model != served:
-        raise APIError(
-            404,
-            f"model {model!r} is not served here; use {served!r}",
-            param="model",
-            code="model_not_found",
-            type="not_found_error",
-        )
-    if n not in (None, 1):
-        raise invalid("only n=1 is supported", "n")
+    advice = "use a shorter document or question, or fewer max_tokens"
+    return too_long(limit, total, "the context, question and max_tokens", advice, "messages")
 
 
 def validate(body: ChatRequest, engine: Engine) -> ChatWork:
@@ -112,45 +92,12 @@ def _prompt_work(
     body: ChatRequest, engine: Engine, max_tokens: int, admitted: float, sampling: Sampling, stops: tuple[str, ...]
 ) -> ChatWork:
     """A whole conversation as one prompt, to compress with the request's (or the server's) settings."""
-    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
+    engine.config.compression(body.method, body.budget, body.window)  # the options before the tokens
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
-    if len(ids) + max_tokens > engine.max_positions:
-        raise _too_long(len(ids) + max_tokens, engine.max_positions)
-    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "messages"
-    window = min(window, len(ids))  # a prompt within the window is kept whole (at budget 1)
-    if at_fault == "messages" and not compressible(len(ids), budget, window, engine.quantization):
-        # too short to compress at the server's own defaults (a greeting, a short question): kept
-        # whole, which costs at most window / budget tokens; a budget or window the request set
-        # itself is refused below instead, with the reason
-        budget = 1.0
-    check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
+    need = len(ids) + max_tokens
+    overflow = _too_long(need, engine.max_positions) if need > engine.max_positions else None
+    method, budget, window = compression_for(engine, len(ids), body, "messages", overflow=overflow)
     return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling, stops)
-
-
-def sampling_of(body: ChatRequest | Any) -> Sampling:
-    """The request's ``temperature`` (in [0, 2]; left out: 0, greedy, as the server always
-    answered, unlike OpenAI's default of 1), ``top_p`` (in (0, 1]) and ``seed``."""
-    temperature = 0.0 if body.temperature is None else body.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
-    if not 0 <= temperature <= 2:
-        raise invalid(f"temperature must be in [0, 2], not {temperature}", "temperature")
-    if not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], not {top_p}", "top_p")
-    return Sampling(temperature, top_p, body.seed)
-
-
-def stops_of(stop: object) -> tuple[str, ...]:
-    """The request's ``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings."""
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOPS:
-        raise invalid(f"stop takes at most {MAX_STOPS} sequences, not {len(stops)}", "stop")
-    if any(not s for s in stops):
-        raise invalid("stop sequences must be non-empty strings", "stop")
-    return tuple(stops)
 
 
 def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
@@ -214,3 +161,11 @@ async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
     finally:
         if not finished:  # the client went away: the worker drops the session at its next step
             channel.cancelled.set()
+
+
+def add_routes(app: FastAPI, engine: Engine) -> None:
+    """Register ``POST /v1/chat/completions`` on ``app``."""
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest) -> Response:
+        return await answer(body, engine)

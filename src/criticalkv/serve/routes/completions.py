@@ -18,35 +18,17 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from criticalkv.runtime import capture_prefill, input_device
-from criticalkv.serve.chat import check_model_and_n, sampling_of, stops_of
-from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import invalid
-from criticalkv.serve.schemas import Compression, Text
+from criticalkv.serve.prepare import check_model_and_n, compression_for, sampling_of, stops_of, too_long
+from criticalkv.serve.schemas import CompletionRequest
 from criticalkv.serve.session import Channel, ChatWork, Session
 
 #: the most alternatives per token a request may ask for (as OpenAI's API)
 MAX_LOGPROBS = 5
-
-
-class CompletionRequest(Compression):
-    """A completions request body (unknown fields are ignored, as OpenAI's are)."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    prompt: Text | list[int] | list[Text] | list[list[int]]
-    max_tokens: int | None = None  # left out: 16 (OpenAI's default), at most the server's cap
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Any = None
-    logprobs: int | None = None
-    echo: bool = False
-    n: int | None = None
-    stream: bool = False
 
 
 class TokenScore(BaseModel):
@@ -147,19 +129,10 @@ def _check(body: CompletionRequest, engine: Engine) -> int:
 def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: int) -> ChatWork:
     """The prompt's generation, compressed as a chat prompt is (a short prompt kept whole at the
     server's defaults; a budget or window the request set itself refused when it cannot hold)."""
-    if len(ids) + max_tokens > engine.max_positions:
-        raise invalid(
-            f"this model accepts {engine.max_positions} tokens; the prompt and max_tokens need "
-            f"{len(ids) + max_tokens}; send a shorter prompt or fewer max_tokens",
-            "prompt",
-            "context_length_exceeded",
-        )
-    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
-    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "prompt"
-    window = min(window, len(ids))
-    if at_fault == "prompt" and not compressible(len(ids), budget, window, engine.quantization):
-        budget = 1.0
-    check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
+    need, limit = len(ids) + max_tokens, engine.max_positions
+    advice = "send a shorter prompt or fewer max_tokens"
+    overflow = too_long(limit, need, "the prompt and max_tokens", advice, "prompt") if need > limit else None
+    method, budget, window = compression_for(engine, len(ids), body, "prompt", overflow=overflow)
     admitted = time.perf_counter()
     return ChatWork(
         ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop)
@@ -272,7 +245,7 @@ async def complete(body: CompletionRequest, engine: Engine) -> dict[str, Any]:
     }
 
 
-def add_completion_routes(app: FastAPI, engine: Engine) -> None:
+def add_routes(app: FastAPI, engine: Engine) -> None:
     """Register ``POST /v1/completions`` on ``app``."""
 
     @app.post("/v1/completions")

@@ -1,0 +1,85 @@
+"""``/v1/contexts``: create (compress and store a document), list, show and delete contexts.
+
+``POST /v1/contexts`` answers the stored context's description once compressed (a client that
+hangs up meanwhile cancels it), or, with ``"wait": false``, ``202`` at once with the new id while
+the compression goes on in the background (:mod:`~criticalkv.serve.background`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from criticalkv.serve.background import PendingContexts, follow
+from criticalkv.serve.engine import Engine
+from criticalkv.serve.errors import invalid
+from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.prepare import compression_for
+from criticalkv.serve.schemas import ContextCreate
+from criticalkv.serve.session import Channel
+from criticalkv.serve.store import new_id
+
+#: the tasks following background compressions (held so that they are not garbage-collected)
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+async def _create(body: ContextCreate, request: Request, engine: Engine, pending: PendingContexts) -> Response:
+    """Check a document, compress it on the engine and answer its context's description (with
+    ``wait`` false: answer 202 with its id at once, the compression going on in the background;
+    blocking, a client that hangs up cancels it)."""
+    engine.config.compression(body.method, body.budget, body.window)  # the options first
+    if not body.text.strip():
+        raise invalid("text is empty; send the document to compress", "text")
+    ids = await asyncio.to_thread(engine.context_ids, body.text)  # a long document: off the event loop
+    overflow = None
+    if len(ids) >= engine.max_positions:
+        overflow = invalid(
+            f"the document has {len(ids)} tokens; this model accepts {engine.max_positions} in all",
+            "text",
+            "context_length_exceeded",
+        )
+    method, budget, window = compression_for(engine, len(ids), body, "text", "document", overflow)
+    engine.admit()
+    channel = Channel(asyncio.get_running_loop())
+    if not body.wait:
+        context_id = new_id()
+        progress = engine.submit_context(ids, method, budget, window, channel, context_id)
+        entry = pending.start(context_id, len(ids), method, budget, window, progress)
+        _BACKGROUND.add(task := asyncio.create_task(follow(channel, pending, context_id)))
+        task.add_done_callback(_BACKGROUND.discard)
+        return JSONResponse(entry, status_code=202)
+    engine.submit_context(ids, method, budget, window, channel)
+    outcome = await outcome_or_hang_up(channel, request)
+    if outcome is None:  # nobody reads the answer
+        return Response(status_code=499)
+    kind, value = outcome
+    if kind == "error":
+        raise value
+    return JSONResponse(dict(value))
+
+
+def add_routes(app: FastAPI, engine: Engine) -> None:
+    """Register ``POST``/``GET /v1/contexts`` and ``GET``/``DELETE /v1/contexts/{id}`` on ``app``."""
+    pending = PendingContexts()
+
+    @app.post("/v1/contexts", response_model=None)
+    async def create_context(body: ContextCreate, request: Request) -> Response:
+        return await _create(body, request, engine, pending)
+
+    @app.get("/v1/contexts")
+    async def list_contexts() -> dict[str, Any]:
+        stored = await asyncio.to_thread(engine.store.infos)
+        return {"object": "list", "data": [*pending.infos(), *stored]}
+
+    @app.get("/v1/contexts/{context_id}")
+    async def get_context(context_id: str) -> dict[str, Any]:
+        return pending.info(context_id) or engine.store.info(context_id)
+
+    @app.delete("/v1/contexts/{context_id}")
+    async def delete_context(context_id: str) -> dict[str, Any]:
+        if not pending.discard(context_id):
+            engine.store.delete(context_id)
+        return {"id": context_id, "object": "context.deleted", "deleted": True}
