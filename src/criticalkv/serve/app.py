@@ -11,13 +11,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
+from criticalkv.serve.hangup import ClientGone
 from criticalkv.serve.middleware import Authentication, BodyLimit
 from criticalkv.serve.routes import add_routes
+
+#: the seconds a 429 tells its client to wait before retrying
+RETRY_AFTER_S = 1
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
@@ -35,7 +39,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None  # clients back off by it
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, __: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, error: RequestValidationError) -> JSONResponse:

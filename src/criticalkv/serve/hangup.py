@@ -17,20 +17,28 @@ async def until_disconnected(request: Request) -> None:
         pass
 
 
-async def outcome_or_hang_up(channel: Channel, request: Request) -> tuple[str, Any] | None:
-    """The next item on ``channel``; ``None`` (and the channel cancelled: the work stops at its
-    next step, nothing is kept) if the client hangs up first."""
-    outcome = asyncio.ensure_future(channel.get())
+class ClientGone(Exception):
+    """The request's client hung up before its answer: nobody reads it (answered 499)."""
+
+
+async def outcome_or_hang_up(channel: Channel, request: Request) -> tuple[str, Any]:
+    """The work's last item on ``channel`` (``("done", value)`` or ``("error", error)``, the items
+    before it dropped); :class:`ClientGone` (and the channel cancelled: the work stops at its next
+    step, nothing is kept) if the client hangs up first."""
     gone = asyncio.ensure_future(until_disconnected(request))
     try:
-        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            outcome = asyncio.ensure_future(channel.get())
+            await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not outcome.done():
+                outcome.cancel()
+                channel.cancelled.set()
+                raise ClientGone
+            kind, value = outcome.result()
+            if kind in ("done", "error"):
+                return kind, value
     except asyncio.CancelledError:  # the server is stopping
         channel.cancelled.set()
         raise
     finally:
-        outcome.cancel()
         gone.cancel()
-    if not outcome.done() or outcome.cancelled():
-        channel.cancelled.set()
-        return None
-    return outcome.result()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from criticalkv.serve.compress import check_compressible, compressible
@@ -12,8 +13,9 @@ from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import Compression
 
-#: the most stop sequences a request may set (as OpenAI's API)
-MAX_STOPS = 4
+#: the most stop sequences a request may set (OpenAI allows 4; lm-eval sends a task's `until` strings and
+#: its end-of-sequence text, 7 for a task with 6)
+MAX_STOPS = 16
 
 
 def check_model_and_n(model: str, n: int | None, served: str) -> None:
@@ -88,3 +90,18 @@ def compression_for(
             budget = 1.0
     check_compressible(tokens, budget, window, engine.quantization, what, at_fault)
     return method, budget, window
+
+
+#: how often a request waiting for a slot looks again (seconds)
+_ADMISSION_POLL_S = 0.02
+
+
+async def admit(engine: Any) -> None:
+    """Take one of the engine's ``max_sessions`` slots, waiting up to the server's
+    ``admission_wait_s`` for one to free (requests are admitted on the event loop, so nothing
+    takes the slot between the look and the admission); then a 429 with ``Retry-After``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + engine.config.admission_wait_s
+    while engine.admitted() >= engine.config.max_sessions and loop.time() < deadline:
+        await asyncio.sleep(_ADMISSION_POLL_S)
+    engine.admit()

@@ -9,12 +9,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
-from criticalkv.serve.prepare import check_model_and_n, compression_for, sampling_of, stops_of, too_long
+from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.prepare import admit, check_model_and_n, compression_for, sampling_of, stops_of, too_long
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import ChatRequest
 from criticalkv.serve.session import Channel, ChatWork
@@ -109,25 +110,18 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def answer(body: ChatRequest, engine: Engine) -> JSONResponse | StreamingResponse:
+async def answer(body: ChatRequest, engine: Engine, request: Request) -> JSONResponse | StreamingResponse:
     """Validate, admit (429 when full), submit; the whole answer or an SSE stream of it."""
     work = await asyncio.to_thread(validate, body, engine)  # tokenising a long prompt: off the event loop
-    engine.admit()
+    await admit(engine)
     channel = Channel(asyncio.get_running_loop())
     engine.submit_chat(work, channel)
     base = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": engine.config.model_name}
     if body.stream:
         return StreamingResponse(_stream(base, channel), media_type="text/event-stream")
-    try:
-        while True:
-            kind, value = await channel.get()
-            if kind == "error":
-                raise value
-            if kind == "done":
-                break
-    except asyncio.CancelledError:
-        channel.cancelled.set()
-        raise
+    kind, value = await outcome_or_hang_up(channel, request)  # a client that hangs up stops the answer
+    if kind == "error":
+        raise value
     usage = {
         "prompt_tokens": value["prompt_tokens"],
         "completion_tokens": value["completion_tokens"],
@@ -167,5 +161,5 @@ def add_routes(app: FastAPI, engine: Engine) -> None:
     """Register ``POST /v1/chat/completions`` on ``app``."""
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatRequest) -> Response:
-        return await answer(body, engine)
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        return await answer(body, engine, request)

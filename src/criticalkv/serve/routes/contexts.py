@@ -17,7 +17,7 @@ from criticalkv.serve.background import PendingContexts, follow
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import invalid
 from criticalkv.serve.hangup import outcome_or_hang_up
-from criticalkv.serve.prepare import compression_for
+from criticalkv.serve.prepare import admit, compression_for
 from criticalkv.serve.schemas import ContextCreate
 from criticalkv.serve.session import Channel
 from criticalkv.serve.store import new_id
@@ -42,7 +42,7 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
             "context_length_exceeded",
         )
     method, budget, window = compression_for(engine, len(ids), body, "text", "document", overflow)
-    engine.admit()
+    await admit(engine)
     channel = Channel(asyncio.get_running_loop())
     if not body.wait:
         context_id = new_id()
@@ -52,10 +52,7 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
         task.add_done_callback(_BACKGROUND.discard)
         return JSONResponse(entry, status_code=202)
     engine.submit_context(ids, method, budget, window, channel)
-    outcome = await outcome_or_hang_up(channel, request)
-    if outcome is None:  # nobody reads the answer
-        return Response(status_code=499)
-    kind, value = outcome
+    kind, value = await outcome_or_hang_up(channel, request)
     if kind == "error":
         raise value
     return JSONResponse(dict(value))
