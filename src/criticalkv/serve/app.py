@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.hangup import ClientGone
-from criticalkv.serve.middleware import Authentication, BodyLimit
+from criticalkv.serve.middleware import AccessLog, Authentication, BodyLimit
 from criticalkv.serve.routes import add_routes
 
 #: the seconds a 429 tells its client to wait before retrying
@@ -70,5 +70,6 @@ def build_app(engine: Engine) -> FastAPI:
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, engine=engine)  # inside authentication (the last added runs first)
     app.add_middleware(Authentication, engine=engine)
+    app.add_middleware(AccessLog)  # outermost: every request, refused ones included
     add_routes(app, engine)
     return app

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from criticalkv.serve.background import PendingContexts
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.routes import chat, completions, contexts, health, metrics, models
 
@@ -22,6 +23,8 @@ __all__ = ["add_routes"]
 
 
 def add_routes(app: FastAPI, engine: Engine) -> None:
-    """Register every route of the server on ``app``."""
+    """Register every route of the server on ``app`` (with the contexts compressing in the
+    background, ``app.state.pending``, which the contexts and chat routes share)."""
+    app.state.pending = PendingContexts()
     for module in (models, chat, completions, contexts, health, metrics):
         module.add_routes(app, engine)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
 from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.middleware import note_access
 from criticalkv.serve.prepare import admit, check_model_and_n, compression_for, sampling_of, stops_of, too_long
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import ChatRequest
@@ -64,6 +65,8 @@ def _stored_context_work(
     if not engine.store.has(context_id):
         raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
     info = engine.store.info(context_id)
+    if not info["answerable"]:  # made for another model or tokenizer (a store reopened with other settings)
+        raise APIError(409, info["reason"], param="context_id", code="context_incompatible")
     asked = {"method": body.method, "budget": body.budget, "window": body.window}
     for key, value in asked.items():
         if value is not None and value != info[key]:
@@ -112,16 +115,19 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
 
 async def answer(body: ChatRequest, engine: Engine, request: Request) -> JSONResponse | StreamingResponse:
     """Validate, admit (429 when full), submit; the whole answer or an SSE stream of it."""
+    if body.context_id is not None:  # compressing or failed in the background: a 409 saying which
+        request.app.state.pending.check_usable(body.context_id)
     work = await asyncio.to_thread(validate, body, engine)  # tokenising a long prompt: off the event loop
     await admit(engine)
     channel = Channel(asyncio.get_running_loop())
     engine.submit_chat(work, channel)
     base = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": engine.config.model_name}
     if body.stream:
-        return StreamingResponse(_stream(base, channel), media_type="text/event-stream")
+        return StreamingResponse(_stream(base, channel, request, work), media_type="text/event-stream")
     kind, value = await outcome_or_hang_up(channel, request)  # a client that hangs up stops the answer
     if kind == "error":
         raise value
+    note_access(request.state, work, value)
     usage = {
         "prompt_tokens": value["prompt_tokens"],
         "completion_tokens": value["completion_tokens"],
@@ -136,7 +142,7 @@ async def answer(body: ChatRequest, engine: Engine, request: Request) -> JSONRes
     return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": usage})
 
 
-async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
+async def _stream(base: dict[str, Any], channel: Channel, request: Request, work: ChatWork) -> AsyncIterator[str]:
     finished = False
     try:
         yield _chunk(base, {"role": "assistant", "content": ""})
@@ -148,6 +154,7 @@ async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
                 yield f"data: {json.dumps(value.body())}\n\n"
                 break
             else:
+                note_access(request.state, work, value)
                 yield _chunk(base, {}, value["finish_reason"])
                 break
         finished = True

@@ -24,6 +24,7 @@ from criticalkv.runtime import capture_prefill, input_device
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import invalid, server_error
 from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.middleware import note_access
 from criticalkv.serve.prepare import admit, check_model_and_n, compression_for, sampling_of, stops_of, too_long
 from criticalkv.serve.schemas import CompletionRequest
 from criticalkv.serve.session import Channel, ChatWork, Session
@@ -242,14 +243,22 @@ def _choice_body(
 
 
 async def _choice(
-    body: CompletionRequest, engine: Engine, request: Request, prompt: tuple[list[int], ChatWork | None], index: int
+    body: CompletionRequest,
+    engine: Engine,
+    request: Request,
+    prompt: tuple[list[int], ChatWork | None],
+    index: int,
+    summaries: dict[str, Any],
 ) -> Any:
-    """One prompt's choice and its (prompt, completion) token counts."""
+    """One prompt's choice and its (prompt, completion) token counts (its time to first token
+    and KV bytes noted in ``summaries``, for the access log)."""
     ids, work = prompt
     summary: dict[str, Any] = {"text": "", "finish_reason": "length", "completion_tokens": 0}
     generated: list[TokenScore] = []
     if work is not None:
         summary, generated = await _generate(work, engine, request)
+        summaries.setdefault("ttft_s", summary.get("ttft_s"))
+        summaries["kv_bytes"] = summaries.get("kv_bytes", 0) + int(summary.get("kv_bytes") or 0)
     scores: list[TokenScore | None] = []
     if body.echo:
         scores = [None, *await _echo_scores(engine, ids)] if body.logprobs is not None else [None] * len(ids)
@@ -270,11 +279,14 @@ async def complete(body: CompletionRequest, engine: Engine, request: Request) ->
     """The response to a completions request: one choice per prompt, in order."""
     prompts = await asyncio.to_thread(_plan, body, engine)
     choices, prompt_tokens, completion_tokens = [], 0, 0
+    summaries: dict[str, Any] = {}  # the first answer's time to first token, every answer's KV bytes
     for index, prompt in enumerate(prompts):
-        choice, used, made = await _choice(body, engine, request, prompt, index)
+        choice, used, made = await _choice(body, engine, request, prompt, index, summaries)
         choices.append(choice)
         prompt_tokens, completion_tokens = prompt_tokens + used, completion_tokens + made
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    work = next((w for _, w in prompts if w is not None), None)
+    note_access(request.state, work, {**usage, **summaries})
     return {
         "id": "cmpl-" + secrets.token_hex(12),
         "object": "text_completion",

@@ -8,6 +8,7 @@ the compression goes on in the background (:mod:`~criticalkv.serve.background`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from criticalkv.serve.background import PendingContexts, follow
 from criticalkv.serve.engine import Engine
-from criticalkv.serve.errors import invalid
+from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.hangup import outcome_or_hang_up
 from criticalkv.serve.prepare import admit, compression_for
 from criticalkv.serve.schemas import ContextCreate
@@ -47,7 +48,7 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
     if not body.wait:
         context_id = new_id()
         progress = engine.submit_context(ids, method, budget, window, channel, context_id)
-        entry = pending.start(context_id, len(ids), method, budget, window, progress)
+        entry = pending.start(context_id, len(ids), method, budget, window, progress, channel)
         _BACKGROUND.add(task := asyncio.create_task(follow(channel, pending, context_id)))
         task.add_done_callback(_BACKGROUND.discard)
         return JSONResponse(entry, status_code=202)
@@ -55,12 +56,14 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
     kind, value = await outcome_or_hang_up(channel, request)
     if kind == "error":
         raise value
+    request.state.access = {"method": method, "budget": budget, "tokens": len(ids), "kv_bytes": value["kv_bytes"]}
     return JSONResponse(dict(value))
 
 
 def add_routes(app: FastAPI, engine: Engine) -> None:
-    """Register ``POST``/``GET /v1/contexts`` and ``GET``/``DELETE /v1/contexts/{id}`` on ``app``."""
-    pending = PendingContexts()
+    """Register ``POST``/``GET /v1/contexts`` and ``GET``/``DELETE /v1/contexts/{id}`` on ``app``
+    (the contexts compressing in the background: ``app.state.pending``, which chat reads too)."""
+    pending: PendingContexts = app.state.pending
 
     @app.post("/v1/contexts", response_model=None)
     async def create_context(body: ContextCreate, request: Request) -> Response:
@@ -69,7 +72,10 @@ def add_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/v1/contexts")
     async def list_contexts() -> dict[str, Any]:
         stored = await asyncio.to_thread(engine.store.infos)
-        return {"object": "list", "data": [*pending.infos(), *stored]}
+        kept, full = sum(c["kv_bytes"] for c in stored), sum(c["kv_bytes_full"] for c in stored)
+        totals = {"kv_bytes": kept, "kv_bytes_full": full, "kv_ratio": round(kept / full, 4) if full else None}
+        answerable = sum(1 for c in stored if c["answerable"])
+        return {"object": "list", "data": [*pending.infos(), *stored], "totals": totals, "answerable": answerable}
 
     @app.get("/v1/contexts/{context_id}")
     async def get_context(context_id: str) -> dict[str, Any]:
@@ -79,4 +85,7 @@ def add_routes(app: FastAPI, engine: Engine) -> None:
     async def delete_context(context_id: str) -> dict[str, Any]:
         if not pending.discard(context_id):
             engine.store.delete(context_id)
+        else:  # stored just before the DELETE stopped it: not kept either
+            with contextlib.suppress(APIError):
+                engine.store.delete(context_id)
         return {"id": context_id, "object": "context.deleted", "deleted": True}
