@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from criticalkv import CompressedCache, attach
 from criticalkv.serve import Engine
 from tests.conftest import make_tiny
-from tests.helpers.serve_helpers import document, live_server, server_config
+from tests.helpers.serve_helpers import document, live_server, metric, server_config
 from tests.serve.test_serve import create, error_of
 from tests.serve.test_serve_context_cancel import Gate
 
@@ -170,3 +170,19 @@ def test_one_access_line_per_request(tmp_path: Path, caplog: pytest.LogCaptureFi
         assert "kv_bytes=" in line and "ttft_ms=" in line and "ttft_ms=None" not in line
     assert asked.startswith('"POST /v1/chat/completions" 200') and "method=critical-adakv" in asked
     assert health.startswith('"GET /health" 200')
+
+
+def test_every_working_route_is_admitted_and_counted(tmp_path: Path) -> None:
+    """Contexts, chat, completions and a completion's echo alone (a prefill for its scores) each
+    pass admission and count in /metrics."""
+    with live_server(server_config(tmp_path)) as (url, _):
+
+        def requests() -> float:
+            return metric(httpx.get(url + "/metrics").text, "criticalkv_requests_total")
+
+        before = requests()
+        info = create(url, document(5))
+        assert chat(url, info["id"], max_tokens=2).status_code == 200
+        body = {"model": "tiny", "prompt": document(7, 40), "max_tokens": 0, "echo": True, "logprobs": 1}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
+        assert requests() == before + 3
