@@ -106,6 +106,22 @@ def test_a_completion_keeps_its_leading_space(server: tuple[str, Engine]) -> Non
     assert " " in starts  # the case the test is about occurred
 
 
+def test_a_stop_inside_a_token_ends_text_and_tokens_together(server: tuple[str, Engine]) -> None:
+    """A stop string that starts inside a generated token of several characters: the text ends
+    before it, and the tokens (up to that one, its piece cut there) still concatenate to the text."""
+    url, _ = server
+    prompt = EDGE_TEXTS[1]
+    full = post(url, {"prompt": prompt, "max_tokens": 12, "logprobs": 0}).json()["choices"][0]
+    pieces = full["logprobs"]["tokens"]
+    at = next(i for i, piece in enumerate(pieces) if len(piece.strip()) >= 3 and i > 0)
+    stop = pieces[at].strip()[1:]  # starts inside token ``at``
+    cut = full["text"].find(stop)
+    done = post(url, {"prompt": prompt, "max_tokens": 12, "logprobs": 0, "stop": [stop]}).json()["choices"][0]
+    assert done["text"] == full["text"][:cut] and done["finish_reason"] == "stop"
+    check_consistent(done["text"], done["logprobs"], len(done["logprobs"]["tokens"]))
+    assert done["logprobs"]["token_logprobs"] == full["logprobs"]["token_logprobs"][: len(done["logprobs"]["tokens"])]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -226,15 +226,17 @@ def _choice_body(
     text, offsets = pieces.text, pieces.offsets()
     prompt_chars = offsets[len(ids)] if body.echo and len(shown) > len(ids) else len(text) if body.echo else 0
     stop = _first_stop(text[prompt_chars:], stops_of(body.stop))
-    kept = len(shown)
-    if stop is not None:
+    kept, shown_pieces = len(shown), list(pieces.pieces)
+    if stop is not None:  # the tokens up to the one the stop starts in, that one's piece cut where text ends
         text = text[: prompt_chars + stop]
         kept = sum(1 for at in offsets if at < len(text))
+        if kept:
+            shown_pieces[kept - 1] = shown_pieces[kept - 1][: len(text) - offsets[kept - 1]]
     if body.logprobs is None:
         return text, None
     top = max(body.logprobs, 1) if body.logprobs else 0
     logprobs = {
-        "tokens": pieces.pieces[:kept],
+        "tokens": shown_pieces[:kept],
         "token_logprobs": [None if s is None else s.logprob for s in scores[:kept]],
         "top_logprobs": _named_tops(scores[:kept], shown, pieces, top),
         "text_offset": offsets[:kept],
