@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from criticalkv import CompressedCache, attach
 from criticalkv.serve import Engine
 from tests.conftest import make_tiny
+from tests.helpers.lmeval_tasks import chat_tokenizer
 from tests.helpers.serve_helpers import document, live_server, metric, server_config
 from tests.serve.test_serve import create, error_of
 from tests.serve.test_serve_context_cancel import Gate
@@ -114,6 +115,20 @@ def test_a_store_reopened_for_another_model_names_the_mismatch(tmp_path: Path) -
         fresh = create(url, document(6))["id"]
         assert chat(url, fresh).status_code == 200
         assert httpx.get(url + "/v1/contexts").json()["answerable"] == 1
+
+
+def test_a_store_reopened_with_another_tokenizer_names_it_and_other_settings_still_answer(tmp_path: Path) -> None:
+    """Another tokenizer (here: a chat template added) is named like another model; other storage
+    or compression settings (kv bits, default method, window limits) still answer the stored context."""
+    with live_server(server_config(tmp_path)) as (url, _):
+        made = create(url, document(5))["id"]
+    with live_server(server_config(tmp_path), tokenizer=chat_tokenizer()) as (url, _):
+        error = error_of(chat(url, made), 409)
+        assert error["code"] == "context_incompatible" and "another tokenizer" in error["message"]
+    for settings in ({"kv_bits": 8}, {"method": "snapkv", "methods": ()}, {"max_window": 4, "window": 4}):
+        with live_server(server_config(tmp_path, **settings)) as (url, _):
+            assert httpx.get(url + "/v1/contexts").json()["answerable"] == 1
+            assert chat(url, made, max_tokens=2).status_code == 200, settings
 
 
 def test_stale_temporaries_are_removed_at_start(tmp_path: Path) -> None:
