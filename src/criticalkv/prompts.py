@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
 _SENTINEL = "\u2063CRITICALKV_SPLIT\u2063"
+
+
+def unused_marker(base: str, *texts: str) -> str:
+    """``base``, or, if one of ``texts`` holds it (a user's document quoting it), ``base`` with a
+    random suffix none of them holds: a text never collides with the marker that splits it."""
+    marker = base
+    while any(marker in text for text in texts):
+        marker = f"{base[:-1]}_{secrets.token_hex(8)}{base[-1]}"
+    return marker
 
 
 def _bos_text(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -36,11 +47,12 @@ def split_prompt(
     """
     if chat and getattr(tokenizer, "chat_template", None):
         separator = "" if verbatim else "\n\n"
-        messages = [{"role": "user", "content": context + _SENTINEL + separator + question}]
+        marker = unused_marker(_SENTINEL, context, question)
+        messages = [{"role": "user", "content": context + marker + separator + question}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if not isinstance(text, str) or text.count(_SENTINEL) != 1:
+        if not isinstance(text, str) or text.count(marker) != 1:
             raise ValueError("the tokenizer's chat template does not render the user message verbatim")
-        head, tail = text.split(_SENTINEL)
+        head, tail = text.split(marker)
         return head, tail + answer_prefix
     if verbatim:
         return _bos_text(tokenizer) + context, question + answer_prefix

@@ -188,13 +188,37 @@ def test_a_full_server_answers_429(server) -> None:
     url, engine = server
     for _ in range(engine.config.max_sessions):
         engine.admit()  # occupy every slot as admitted requests do
+    waited, engine.config.admission_wait_s = engine.config.admission_wait_s, 0.2
     try:
         body = {"model": "tiny", "messages": [{"role": "user", "content": document(5, 40)}]}
-        assert error_of(httpx.post(url + "/v1/chat/completions", json=body), 429)["code"] == "rate_limit_exceeded"
+        full = httpx.post(url + "/v1/chat/completions", json=body)
+        assert error_of(full, 429)["code"] == "rate_limit_exceeded"
+        assert full.headers["retry-after"] == "1"  # lm-eval's and openai's clients back off by it
         assert metric(httpx.get(url + "/metrics").text, "criticalkv_rejected_total") >= 1
     finally:
+        engine.config.admission_wait_s = waited
         for _ in range(engine.config.max_sessions):
-            engine._release()
+            engine.release()
+
+
+def test_a_request_waits_for_a_slot_before_its_429(server) -> None:
+    """Every slot taken, a request waits (up to admission_wait_s) and is answered once one frees."""
+    url, engine = server
+    for _ in range(engine.config.max_sessions):
+        engine.admit()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": document(5, 40)}], "max_tokens": 2}
+    answered: dict[str, httpx.Response] = {}
+    client = threading.Thread(target=lambda: answered.update(r=httpx.post(url + "/v1/chat/completions", json=body)))
+    client.start()
+    try:
+        time.sleep(0.5)  # the request has arrived; without a slot it waits (admission_wait_s is 30 s)
+        assert client.is_alive() and "r" not in answered
+    finally:
+        engine.release()  # one slot frees: the waiting request takes it
+    client.join(timeout=60)
+    for _ in range(engine.config.max_sessions - 1):
+        engine.release()
+    assert answered["r"].status_code == 200
 
 
 def test_a_client_that_disconnects_frees_its_row(server) -> None:
@@ -206,10 +230,10 @@ def test_a_client_that_disconnects_frees_its_row(server) -> None:
         assert response.status_code == 200
         next(response.iter_lines())  # the first event, then hang up
     for _ in range(500):  # bounded wait for the worker to drop the session
-        if engine.active() == 0 and engine._admitted == 0:
+        if engine.active() == 0 and engine.admitted() == 0:
             break
         time.sleep(0.02)
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_api_key(server) -> None:
@@ -280,7 +304,7 @@ def bounded_load(url: str, engine: Engine, reference) -> None:
     stats = engine.store.stats()
     assert stats["on_disk"] > stats["in_memory"]  # the cap made some contexts spill ...
     assert stats["bytes_total"] > cap  # ... and they came back on demand for the answers above
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_an_oversized_context_is_refused(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from criticalkv import attach
 from criticalkv.serve import Engine
+from criticalkv.serve import engine as engine_module
 from tests.conftest import make_tiny
 from tests.helpers.serve_helpers import MAX_NEW, check_row_memory, document, live_server, metric, server_config
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -79,10 +80,10 @@ def test_requests_that_arrive_together_decode_together(server: tuple[str, Engine
             break
     assert rows_max >= 2  # several answers shared a decode step
     for _ in range(500):  # bounded wait for the worker to drop the client that left
-        if engine.active() == 0 and engine._admitted == 0:
+        if engine.active() == 0 and engine.admitted() == 0:
             break
         time.sleep(0.02)
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_answers_that_arrive_together_start_in_one_forward(server: tuple[str, Engine], reference: object) -> None:
@@ -152,7 +153,7 @@ def test_a_document_being_compressed_does_not_stall_the_rows(
     text = document(60)
     context_id = create(url, text)["id"]
     entered, release, returned = threading.Event(), threading.Event(), threading.Event()
-    compress = engine._compress
+    compress = engine_module.compress  # what the engine compresses a posted document with
 
     def held(*args: object) -> object:
         entered.set()
@@ -162,7 +163,7 @@ def test_a_document_being_compressed_does_not_stall_the_rows(
         finally:
             returned.set()
 
-    monkeypatch.setattr(engine, "_compress", held)
+    monkeypatch.setattr(engine_module, "compress", held)
     posted: dict[str, httpx.Response] = {}
     poster = threading.Thread(
         target=lambda: posted.update(r=httpx.post(url + "/v1/contexts", json={"text": document(61)}, timeout=180))

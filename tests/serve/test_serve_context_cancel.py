@@ -56,7 +56,7 @@ class Gate:
 def _settle(engine: Engine) -> None:
     """Until the compression thread and the admissions are idle (60 s at most)."""
     deadline = time.monotonic() + 60
-    while (engine.compressor.pending() or engine._admitted) and time.monotonic() < deadline:
+    while (engine.compressor.pending() or engine.admitted()) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -85,7 +85,7 @@ def test_a_client_that_hangs_up_cancels_its_blocking_compression(tmp_path: Path)
         assert first.saw_request, "the server never asked the compression to stop"
         assert first.reached == 1 and last.reached == 0  # stopped before its last layer
         assert httpx.get(url + "/v1/contexts", timeout=10).json()["data"] == []
-        assert engine.store.stats()["on_disk"] == 0 and engine._admitted == 0
+        assert engine.store.stats()["on_disk"] == 0 and engine.admitted() == 0
         after = httpx.post(url + "/v1/contexts", json={"text": document(8)}, timeout=60)
         assert after.status_code == 200 and after.json()["status"] == "ready"  # the thread moved on
         assert [c["id"] for c in httpx.get(url + "/v1/contexts", timeout=10).json()["data"]] == [after.json()["id"]]

@@ -58,7 +58,7 @@ def test_a_prompt_too_short_for_the_budget_it_sets_answers_400(server: tuple[str
     # ... or a window larger than what the budget keeps
     assert chat(url, document(1, 30), window=20)["param"] == "window"  # 38 tokens: 15 < 20
     assert engine.store.stats() == before
-    assert engine.active() == 0 and engine.queue_depth() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.queue_depth() == 0 and engine.admitted() == 0
 
 
 @pytest.mark.parametrize("content", ["Hi", "H"])
@@ -94,7 +94,7 @@ def test_a_document_too_short_for_its_budget_answers_400(server: tuple[str, Engi
     assert httpx.post(contexts, json={"text": document(2, 30), "window": 20}).json()["error"]["param"] == "window"
     assert httpx.post(contexts, json={"text": document(2, 30), "budget": 0.2}).json()["error"]["param"] == "budget"
     assert engine.store.stats() == before
-    assert engine._admitted == 0
+    assert engine.admitted() == 0
     # the boundary: 20 tokens at 0.4 keep exactly the window (8 entries per head), which is accepted
     info = create(url, document(2, 20))
     assert info["tokens"] == 20

@@ -96,7 +96,7 @@ def chat(url: str, content: str, stream: bool = False) -> str:
 
 def settle(engine: Engine) -> None:
     for _ in range(500):  # bounded wait for the worker to let go of every request
-        if engine.active() == 0 and engine._admitted == 0 and not engine.prompts.sessions:
+        if engine.active() == 0 and engine.admitted() == 0 and not engine.prompts.sessions:
             return
         time.sleep(0.02)
 
@@ -126,7 +126,7 @@ def test_a_prompt_being_compressed_does_not_stall_the_rows(server: tuple[str, En
         prompter.join(timeout=120)
     assert answers["prompt"] == prompt_expected(reference, content)
     settle(engine)
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_a_client_gone_during_its_prompts_prefill_stops_it(server: tuple[str, Engine]) -> None:
@@ -146,7 +146,7 @@ def test_a_client_gone_during_its_prompts_prefill_stops_it(server: tuple[str, En
             assert entered, (  # what the engine held, should this ever time out again (it did once in CI)
                 f"prompts {len(engine.prompts.sessions)}, cancelled "
                 f"{[s.cancelled() for s in engine.prompts.sessions]}, compressor pending "
-                f"{engine.compressor.pending()}, active {engine.active()}, admitted {engine._admitted}"
+                f"{engine.compressor.pending()}, active {engine.active()}, admitted {engine.admitted()}"
             )
             session = engine.prompts.sessions[0]
             assert held_bytes([session], reserved=True) == session.reserve > 0  # counted against the cap
@@ -160,7 +160,7 @@ def test_a_client_gone_during_its_prompts_prefill_stops_it(server: tuple[str, En
     finally:
         first.remove()
         last.remove()
-    assert engine.active() == 0 and engine._admitted == 0 and not engine.prompts.sessions
+    assert engine.active() == 0 and engine.admitted() == 0 and not engine.prompts.sessions
     assert first.reached == 1 and last.reached == 0  # the prefill stopped before its last layer
     assert session.cache is None and not session.tokens
 
@@ -207,7 +207,7 @@ def test_prompts_and_stored_contexts_together_answer_as_alone(server: tuple[str,
         thread.join(timeout=120)
     assert [answers.get(n) for n in range(4)] == want
     settle(engine)
-    assert engine.active() == 0 and engine._admitted == 0
+    assert engine.active() == 0 and engine.admitted() == 0
 
 
 def test_cancellation_stops_a_forward_at_the_next_layer() -> None:

@@ -42,7 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body-mib", type=float, default=16, help="request bodies above this many MiB are refused (413) unread"
     )
-    p.add_argument("--max-sessions", type=int, default=16, help="requests admitted at once; one more answers 429")
+    p.add_argument(
+        "--max-sessions", type=int, default=16, help="requests admitted at once; one more waits for a slot, then 429"
+    )
+    p.add_argument(
+        "--admission-wait",
+        type=float,
+        default=30.0,
+        help="seconds a request waits for a slot when --max-sessions are taken, before its 429 (0: at once)",
+    )
     p.add_argument("--max-batch", type=int, default=8, help="answers decoded at once as one batch (per replica)")
     p.add_argument(
         "--offload-prompt-tokens",
@@ -82,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from criticalkv.serve import Engine, ServerConfig, build_app, check_binding
     from criticalkv.serve.errors import APIError
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    # a key read from a file or a secret store often ends in a newline: no client sends it
+    api_key = (args.api_key or os.environ.get(API_KEY_ENV) or "").strip() or None
     check_binding(args.host, api_key, args.force)
     _check_limits(args)
     if args.store is not None:
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         memory_cap_bytes=int(args.memory_cap * 2**20),
         max_body_bytes=int(args.max_body_mib * 2**20),
         max_sessions=args.max_sessions,
+        admission_wait_s=args.admission_wait,
         max_batch=args.max_batch,
         offload_prompt_tokens=args.offload_prompt_tokens,
         prefill_batch_tokens=args.prefill_batch_tokens,
@@ -149,6 +159,18 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-body-mib must be a finite positive number of MiB, not {args.max_body_mib}")
     if not math.isfinite(args.memory_cap) or args.memory_cap <= 0:
         raise UsageError(f"--memory-cap must be a finite positive number of MiB, not {args.memory_cap}")
+    if not math.isfinite(args.admission_wait) or args.admission_wait < 0:
+        raise UsageError(f"--admission-wait must be a finite number of seconds >= 0, not {args.admission_wait}")
+    _check_decode_env()
+
+
+def _check_decode_env() -> None:
+    """``CRITICALKV_DECODE`` read now, not at the first request (which would answer 500 on every one)."""
+    from criticalkv.ops.ragged_decode import DECODE_ENV, DECODE_MODES
+
+    mode = os.environ.get(DECODE_ENV, "auto")
+    if mode not in DECODE_MODES:
+        raise UsageError(f"{DECODE_ENV} must be one of {', '.join(DECODE_MODES)}, not {mode!r}; unset it or fix it")
 
 
 def _run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:

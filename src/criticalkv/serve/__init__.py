@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server over compressed, stored contexts (``criticalkv serve``).
 
-* :mod:`~criticalkv.serve.app`: the FastAPI routes; :mod:`~criticalkv.serve.chat`: chat completions;
+* :mod:`~criticalkv.serve.app`: the FastAPI application; :mod:`~criticalkv.serve.routes`: one module per
+  endpoint; :mod:`~criticalkv.serve.prepare`: the checks every request gets;
 * :mod:`~criticalkv.serve.engine`: the model, admission and the worker thread;
   :mod:`~criticalkv.serve.session`: one answer decoded step by step;
 * :mod:`~criticalkv.serve.store`: stored contexts under a memory cap, spilled to disk;

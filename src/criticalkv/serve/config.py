@@ -20,14 +20,15 @@ class ServerConfig:
     allowed); budgets are fractions of the context in ``[min_budget, 1]``. ``memory_cap_bytes``
     caps the keys and values of the stored contexts held in memory (least recently used ones
     spill to ``store`` and come back on demand); ``max_sessions`` caps the requests admitted at
-    once (queued or decoding; one more answers 429) and ``max_batch`` the answers decoded at
-    once, as the rows of one batch (the others wait their turn in the queue). The memory cap
-    also bounds the batch: an answer starts only if the stored context it reads (counted once
-    however many rows read it) fits beside the rows' KV bytes (``Engine.rows_bytes``). A chat
-    prompt of at least ``offload_prompt_tokens`` tokens is compressed on the compression thread
-    beside the decode steps (:mod:`~criticalkv.serve.prompts`), a shorter one on the decode worker;
-    prompts queued together are compressed together (up to ``max_batch`` prompts and
-    ``prefill_batch_tokens`` padded tokens in one prefill).
+    once (queued or decoding; one more waits up to ``admission_wait_s`` for a slot, then answers
+    429) and ``max_batch`` the answers decoded at once, as the rows of one batch (the others
+    wait their turn in the queue). The memory cap also bounds the batch: an answer starts only
+    if the stored context it reads (counted once however many rows read it) fits beside the
+    rows' KV bytes (``Engine.rows_bytes``). A chat prompt of at least ``offload_prompt_tokens``
+    tokens is compressed on the compression thread beside the decode steps
+    (:mod:`~criticalkv.serve.prompts`), a shorter one on the decode worker; prompts queued
+    together are compressed together (up to ``max_batch`` prompts and ``prefill_batch_tokens``
+    padded tokens in one prefill).
     """
 
     model_name: str = "default"
@@ -53,6 +54,10 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)
     #: request bodies above this many bytes are refused (413) before they are read or parsed
     max_body_bytes: int = 16 * 2**20
+    #: a request that finds every one of ``max_sessions`` slots taken waits this many seconds for
+    #: one before its 429 (which carries ``Retry-After``): a client sending more requests at once
+    #: than the server admits (lm-eval's ``num_concurrent``) is served in turn
+    admission_wait_s: float = 30.0
 
     def allowed_methods(self) -> tuple[str, ...]:
         return (self.method, *[m for m in self.methods if m != self.method])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from criticalkv.prompts import unused_marker
 from criticalkv.serve.errors import invalid
 
 _SPLIT = "\u2063CRITICALKV_CONVERSATION\u2063"
@@ -38,11 +39,12 @@ def conversation_ids(tokenizer: Any, messages: list[tuple[str, str]]) -> list[in
     check_turns(messages)
     first, rest = messages[0][1].strip(), [{"role": r, "content": t} for r, t in messages[1:]]
     if isinstance(getattr(tokenizer, "chat_template", None), str):
-        chat = [{"role": "user", "content": _DOCUMENT + _SPLIT + "\n\n" + first}, *rest]
+        split = unused_marker(_SPLIT, *(text for _, text in messages))  # a turn quoting it never collides
+        chat = [{"role": "user", "content": _DOCUMENT + split + "\n\n" + first}, *rest]
         text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        if not isinstance(text, str) or text.count(_SPLIT) != 1:
+        if not isinstance(text, str) or text.count(split) != 1:
             raise invalid("the model's chat template does not render the conversation verbatim", "messages")
-        tail = text.split(_SPLIT)[1]
+        tail = text.split(split)[1]
     else:
         tail = "\n\n" + "\n\n".join([first, *(m["content"] for m in rest)]) + "\nAnswer:"
     return list(tokenizer(tail, add_special_tokens=False)["input_ids"])

@@ -152,6 +152,14 @@ class Engine:
         with self._admit_lock:
             self._admitted -= 1
 
+    def release(self) -> None:
+        """Give back one admitted request's slot (as the worker does when an answer ends)."""
+        self._release()
+
+    def admitted(self) -> int:
+        """How many admitted requests hold a slot now (queued, compressing or decoding)."""
+        return self._admitted
+
     def queue_depth(self) -> int:
         return self._jobs.qsize() + (self._waiting is not None) + self.compressor.pending()
 

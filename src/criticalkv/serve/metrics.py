@@ -200,6 +200,12 @@ def _gauges(store: dict[str, int], queue_depth: int, active: int) -> list[_Row]:
             store["bytes_in_memory"],
         ),
         ("criticalkv_context_bytes_total", "gauge", "KV bytes of every stored context", store["bytes_total"]),
+        (
+            "criticalkv_context_bytes_full_total",
+            "gauge",
+            "KV bytes the stored contexts would take uncompressed",
+            store["bytes_full_total"],
+        ),
         ("criticalkv_memory_cap_bytes", "gauge", "cap on KV bytes of contexts in memory", store["cap_bytes"]),
         ("criticalkv_queue_depth", "gauge", "admitted requests waiting for the worker", queue_depth),
         ("criticalkv_sessions_active", "gauge", "requests being decoded", active),

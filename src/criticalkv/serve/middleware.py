@@ -1,8 +1,8 @@
-"""The server's middlewares, pure ASGI: the API key and the body limit.
+"""The server's middlewares, pure ASGI: the access log, the API key and the body limit.
 
 They hand the route the server's own ``receive`` (after a chunked body they have read, the body
 first, then the server's messages), so the client's ``http.disconnect`` reaches a route waiting on
-the model (:func:`criticalkv.serve.app.until_disconnected`), which then stops its work. Unlike
+the model (:func:`criticalkv.serve.hangup.until_disconnected`), which then stops its work. Unlike
 Starlette's ``BaseHTTPMiddleware`` they start no task per request and write no private attribute
 of Starlette's ``Request`` (the chunked body was put in ``request._body``). (The
 ``BaseHTTPMiddleware`` of Starlette 1.10 forwards the disconnect too: the cancellation comes from the
@@ -12,6 +12,8 @@ route's watch; this module only keeps the path from the server to the route plai
 from __future__ import annotations
 
 import hmac
+import logging
+import time
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -19,6 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError
+
+#: one line per request: what uvicorn's and vLLM's users expect to read
+access_logger = logging.getLogger("criticalkv.serve.access")
 
 
 def _too_large(size: str, limit: int) -> JSONResponse:
@@ -105,3 +110,51 @@ class Authentication:
                 await JSONResponse(error.body(), status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class AccessLog:
+    """One log line per request (``criticalkv.serve.access``, INFO): the HTTP method, path, status
+    and time, then what the route noted in ``request.state.access``: the compression method,
+    the prompt and completion tokens, the KV bytes kept and the time to the first token."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 0
+
+        async def noting(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        scope.setdefault("state", {})
+        try:
+            await self.app(scope, receive, noting)
+        finally:
+            details = scope["state"].get("access") or {}
+            fields = " ".join(f"{key}={_short(value)}" for key, value in details.items())
+            elapsed = (time.perf_counter() - started) * 1000
+            line = f'"{scope["method"]} {scope["path"]}" {status or 499} {elapsed:.1f}ms'
+            access_logger.info("%s%s", line, f" {fields}" if fields else "")
+
+
+def _short(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def note_access(state: object, work: object, summary: dict[str, object]) -> None:
+    """What the access line says of an answer (``state``: the request's ``request.state``)."""
+    ttft = summary.get("ttft_s")
+    state.access = {  # type: ignore[attr-defined]
+        "method": getattr(work, "method", None),
+        "budget": getattr(work, "budget", None),
+        "prompt_tokens": summary.get("prompt_tokens"),
+        "completion_tokens": summary.get("completion_tokens"),
+        "kv_bytes": summary.get("kv_bytes"),
+        "ttft_ms": None if ttft is None else round(float(ttft) * 1000, 1),  # type: ignore[arg-type]
+    }

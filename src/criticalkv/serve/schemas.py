@@ -1,10 +1,10 @@
-"""Request bodies of the OpenAI-compatible API (unknown fields are ignored, as OpenAI's are)."""
+"""Every request body of the server (unknown fields are ignored, as OpenAI's are)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 
 def _encodable(value: str) -> str:
@@ -21,6 +21,10 @@ def _encodable(value: str) -> str:
 
 #: request text: any string that is valid Unicode (what the tokenizer can encode)
 Text = Annotated[str, AfterValidator(_encodable)]
+#: numbers are strict: a JSON boolean is not a number (``max_tokens: true`` is refused, not 1 token;
+#: ``prompt: [true, false]`` is not the token ids [1, 0]); a float field takes an integer
+Int = StrictInt
+Float = StrictFloat
 
 
 class ContentPart(BaseModel):
@@ -47,8 +51,8 @@ class Compression(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     method: str | None = None
-    budget: float | None = None
-    window: int | None = None
+    budget: Float | None = None
+    window: Int | None = None
 
 
 class ContextCreate(Compression):
@@ -60,12 +64,29 @@ class ContextCreate(Compression):
 class ChatRequest(Compression):
     model: str
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    seed: int | None = Field(default=None, strict=True)
-    stop: Any = None  # a string or a list of up to 4 (checked by serve.chat, which names the field)
+    temperature: Float | None = None
+    top_p: Float | None = None
+    n: Int | None = None
+    seed: Int | None = None
+    stop: Any = None  # a string or a list (checked by serve.prepare.stops_of, which names the field)
     context_id: str | None = None
+
+
+class CompletionRequest(Compression):
+    """A legacy completions request: text, token ids, or a list of either (one choice each)."""
+
+    model: str
+    prompt: Text | list[Int] | list[Text] | list[list[Int]]
+    max_tokens: Int | None = None  # left out: 16 (OpenAI's default), at most the server's cap
+    temperature: Float | None = None
+    top_p: Float | None = None
+    seed: Int | None = None
+    stop: Any = None
+    logprobs: Int | None = None
+    echo: bool = False
+    n: Int | None = None
+    stream: bool = False
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)

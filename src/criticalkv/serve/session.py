@@ -93,6 +93,7 @@ class Session:
         self.question: list[int] | None = None  # to append to the fork, until the answer starts
         self.reserve = 0  # the most KV bytes of its own the answer may hold (set by the engine)
         self.compressing = False  # its prompt is on the compression thread (serve.prompts)
+        self.first_token_s: float | None = None  # seconds from admission to the first token
 
     def start(self) -> None:
         """Build the request's cache: a fork of its stored context (its question is appended with
@@ -136,7 +137,8 @@ class Session:
     def first(self, logits: torch.Tensor) -> None:
         """Take the (V,) logits that follow the prompt: the first token."""
         self.question = None
-        self.engine.metrics.first_token(time.perf_counter() - self.work.admitted_at)
+        self.first_token_s = time.perf_counter() - self.work.admitted_at  # for the access log
+        self.engine.metrics.first_token(self.first_token_s)
         self._emit(self.chooser.choose(logits))
 
     def own_bytes(self) -> int:
@@ -176,6 +178,7 @@ class Session:
             self.channel.put("delta", piece)
         self.done = True
         self.next_token = None
+        kept = 0 if self.cache is None else self.cache.kv_bytes()  # for the access log
         self.cache = None  # frees the fork's tail now
         self.channel.put(
             "done",
@@ -184,5 +187,7 @@ class Session:
                 "finish_reason": reason,
                 "prompt_tokens": self.work.prompt_tokens,
                 "completion_tokens": len(self.tokens),
+                "kv_bytes": kept,
+                "ttft_s": self.first_token_s,
             },
         )

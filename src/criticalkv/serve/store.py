@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.persist import read_header
+from criticalkv.cache.persist import IncompatibleCacheError, model_fingerprint, read_header, tokenizer_fingerprint
 from criticalkv.serve.errors import APIError, not_found
+from criticalkv.serve.row_memory import token_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,9 @@ SUFFIX = ".ckv"
 #: beside each stored file, the checksum of the file as this store wrote it
 SUM_SUFFIX = ".sum"
 _ID = re.compile(r"^ctx_[0-9a-f]{24}$")
+#: temporaries of interrupted writes (a killed server's); one untouched this long is nobody's
+_TEMPORARIES = (f".ctx_*{SUFFIX}.*.tmp", f"ctx_*{SUM_SUFFIX}.tmp")
+STALE_TEMPORARY_S = 60.0
 
 
 def new_id() -> str:
@@ -49,13 +55,17 @@ class StoredContext:
     created: int
     kv_bits: int = 16  # the storage precision: 16, the model's dtype; 8 or 4, quantized
     cache: CompressedCache | None = None
+    kv_bytes_full: int = 0  # what the same tokens take uncompressed, in the model's dtype
+    refused: str | None = None  # why this server cannot answer it (stored for another model or tokenizer)
 
     def info(self) -> dict[str, Any]:
-        return {
+        info = {
             "id": self.id,
             "object": "context",
             "tokens": self.tokens,
             "kv_bytes": self.kv_bytes,
+            "kv_bytes_full": self.kv_bytes_full,
+            "kv_ratio": round(self.kv_bytes / self.kv_bytes_full, 4) if self.kv_bytes_full else None,
             "method": self.method,
             "budget": self.budget,
             "window": self.window,
@@ -63,7 +73,16 @@ class StoredContext:
             "created": self.created,
             "in_memory": self.cache is not None,
             "status": "ready",
+            "answerable": self.refused is None,
         }
+        if self.refused is not None:
+            info["reason"] = self.refused
+        return info
+
+    def check_answerable(self) -> None:
+        """A 409 naming the mismatch unless this server's model and tokenizer made the context."""
+        if self.refused is not None:
+            raise APIError(409, self.refused, param="context_id", code="context_incompatible")
 
 
 class ContextStore:
@@ -74,9 +93,47 @@ class ContextStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.cap_bytes = cap_bytes
         self.model, self.tokenizer = model, tokenizer
+        self._model_print = model_fingerprint(model)
+        self._tokenizer_print = tokenizer_fingerprint(tokenizer)
+        self._full_per_token = token_bytes(model)
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, StoredContext] = OrderedDict()  # least recently used first
+        self._clean_temporaries()
         self._reload()
+
+    def _clean_temporaries(self) -> None:
+        """Delete what interrupted writes left (a server killed mid-save): temporaries untouched for
+        :data:`STALE_TEMPORARY_S` seconds (a server sharing the folder may be writing a newer one)."""
+        now = time.time()
+        for pattern in _TEMPORARIES:
+            for path in self.folder.glob(pattern):
+                try:
+                    if now - path.stat().st_mtime > STALE_TEMPORARY_S:
+                        size = path.stat().st_size
+                        path.unlink()
+                        logger.info(
+                            "store %s: removed %s (%d bytes) an interrupted write left", self.folder, path, size
+                        )
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+
+    def _mismatch(self, context_id: str, header: dict[str, Any]) -> str | None:
+        """Why this server's model or tokenizer cannot answer the context ``header`` describes."""
+        saved = header.get("model") or {}
+        if saved.get("hash") != self._model_print["hash"]:
+            differs = [k for k, v in (saved.get("config") or {}).items() if self._model_print["config"].get(k) != v]
+            why = f"config fields {', '.join(differs)} differ" if differs else "its weights or dtype differ"
+            return (
+                f"context {context_id} was made for another model ({saved.get('name') or 'unnamed'}: {why}); "
+                "this server cannot answer it: create it again here, or serve the model that made it"
+            )
+        theirs = header.get("tokenizer")
+        if theirs is not None and theirs.get("hash") != self._tokenizer_print["hash"]:
+            return (
+                f"context {context_id} was made with another tokenizer ({theirs.get('name') or 'unnamed'}, "
+                f"{theirs.get('vocab_size')} tokens); this server cannot answer it: create it again here"
+            )
+        return None
 
     def _path(self, context_id: str) -> Path:
         return self.folder / f"{context_id}{SUFFIX}"
@@ -110,6 +167,8 @@ class ContextStore:
                 window=fields["window"],
                 created=fields["created"],
                 kv_bits=int((header.get("storage") or {}).get("kv_bits", 16)),
+                kv_bytes_full=int(fields.get("kv_bytes_full") or fields["tokens"] * self._full_per_token),
+                refused=self._mismatch(str(fields["id"]), header),
             )
         except FileNotFoundError:
             return None
@@ -157,6 +216,7 @@ class ContextStore:
                 "on_disk": len(self._entries),
                 "bytes_in_memory": sum(e.kv_bytes for e in held),
                 "bytes_total": sum(e.kv_bytes for e in self._entries.values()),
+                "bytes_full_total": sum(e.kv_bytes_full for e in self._entries.values()),
                 "cap_bytes": self.cap_bytes,
             }
 
@@ -198,24 +258,48 @@ class ContextStore:
             )
         bits = 16 if cache.quantization is None else cache.quantization.bits
         entry = StoredContext(context_id or new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
-        fields = {k: v for k, v in entry.info().items() if k not in ("object", "in_memory", "kv_bits", "status")}
-        cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
-        self._record_checksum(entry.id)
+        entry.kv_bytes_full = cache.kv_bytes_full() or tokens * self._full_per_token
+        skip = ("object", "in_memory", "kv_bits", "status", "kv_ratio", "answerable")
+        fields = {k: v for k, v in entry.info().items() if k not in skip}
+        try:
+            cache.save(self._path(entry.id), self.model, self.tokenizer, mode="question-agnostic", **fields)
+            self._record_checksum(entry.id)
+        except (OSError, SafetensorError) as error:
+            raise self._unwritable(entry.id, error) from None
         with self._lock:
             self._entries[entry.id] = entry
             self._hold(entry, cache)
         return entry
 
+    def _unwritable(self, context_id: str, error: Exception) -> APIError:
+        """A 507 saying, in a sentence about the disk, that the context could not be stored."""
+        for path in (self._path(context_id), self._path(context_id).with_suffix(SUM_SUFFIX)):
+            path.unlink(missing_ok=True)  # nothing half-stored is listed
+        full = "No space left" in str(error) or "StorageFull" in str(error) or getattr(error, "errno", None) == 28
+        logger.error("store %s: writing context %s failed: %s", self.folder, context_id, error)
+        why = "the disk is full" if full else f"the write failed: {type(error).__name__}"
+        return APIError(
+            507,
+            f"the context could not be stored in {self.folder} ({why}); free some space there, delete "
+            "contexts (DELETE /v1/contexts/{id}) or start the server with another --store",
+            param="text",
+            code="store_full" if full else "store_unwritable",
+            type="server_error",
+        )
+
     def get(self, context_id: str) -> tuple[StoredContext, CompressedCache]:
         """The context's cache (read back from disk if it was spilled), now the most recently used."""
         with self._lock:
             entry = self._entry(context_id)
+            entry.check_answerable()
             self._entries.move_to_end(context_id)
             if entry.cache is not None:
                 return entry, entry.cache
         try:
             self._check_file(context_id)
             cache = CompressedCache.load(self._path(context_id), self.model, self.tokenizer)
+        except IncompatibleCacheError as error:  # replaced on disk by another server's file
+            raise APIError(409, str(error), param="context_id", code="context_incompatible") from None
         except FileNotFoundError:  # deleted meanwhile, by another server sharing the folder
             with self._lock:
                 self._entries.pop(context_id, None)

@@ -17,37 +17,21 @@ import time
 from typing import Any
 
 import torch
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
 
 from criticalkv.runtime import capture_prefill, input_device
-from criticalkv.serve.chat import check_model_and_n, sampling_of, stops_of
-from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
-from criticalkv.serve.errors import invalid
-from criticalkv.serve.schemas import Compression, Text
+from criticalkv.serve.errors import invalid, server_error
+from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.middleware import note_access
+from criticalkv.serve.prepare import admit, check_model_and_n, compression_for, sampling_of, stops_of, too_long
+from criticalkv.serve.schemas import CompletionRequest
 from criticalkv.serve.session import Channel, ChatWork, Session
+from criticalkv.serve.token_text import LOOKBACK, Pieces, token_pieces
 
 #: the most alternatives per token a request may ask for (as OpenAI's API)
 MAX_LOGPROBS = 5
-
-
-class CompletionRequest(Compression):
-    """A completions request body (unknown fields are ignored, as OpenAI's are)."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    prompt: Text | list[int] | list[Text] | list[list[int]]
-    max_tokens: int | None = None  # left out: 16 (OpenAI's default), at most the server's cap
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Any = None
-    logprobs: int | None = None
-    echo: bool = False
-    n: int | None = None
-    stream: bool = False
-    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
 
 
 class TokenScore(BaseModel):
@@ -145,22 +129,19 @@ def _check(body: CompletionRequest, engine: Engine) -> int:
     return max_tokens
 
 
-def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: int) -> ChatWork:
-    """The prompt's generation, compressed as a chat prompt is (a short prompt kept whole at the
-    server's defaults; a budget or window the request set itself refused when it cannot hold)."""
-    if len(ids) + max_tokens > engine.max_positions:
-        raise invalid(
-            f"this model accepts {engine.max_positions} tokens; the prompt and max_tokens need "
-            f"{len(ids) + max_tokens}; send a shorter prompt or fewer max_tokens",
-            "prompt",
-            "context_length_exceeded",
-        )
-    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
-    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "prompt"
-    window = min(window, len(ids))
-    if at_fault == "prompt" and not compressible(len(ids), budget, window, engine.quantization):
-        budget = 1.0
-    check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
+def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: int) -> ChatWork | None:
+    """The prompt's generation (``None`` for ``max_tokens`` 0: the echo alone), compressed as a
+    chat prompt is (a short prompt kept whole at the server's defaults; a budget or window the
+    request set itself refused when it cannot hold); a prompt that does not fit the model's
+    context is a 400 on every path, an echo alone included."""
+    need, limit = len(ids) + max_tokens, engine.max_positions
+    advice = "send a shorter prompt or fewer max_tokens"
+    if max_tokens == 0:
+        if need > limit:
+            raise too_long(limit, need, "the prompt and max_tokens", advice, "prompt")
+        return None
+    overflow = too_long(limit, need, "the prompt and max_tokens", advice, "prompt") if need > limit else None
+    method, budget, window = compression_for(engine, len(ids), body, "prompt", overflow=overflow)
     admitted = time.perf_counter()
     return ChatWork(
         ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop),
@@ -168,22 +149,17 @@ def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: i
     )  # fmt: skip
 
 
-async def _generate(work: ChatWork, engine: Engine) -> tuple[dict[str, Any], list[TokenScore]]:
-    """Run ``work`` on the engine's worker: its summary (text, finish reason) and token scores."""
-    engine.admit()
+async def _generate(work: ChatWork, engine: Engine, request: Request) -> tuple[dict[str, Any], list[TokenScore]]:
+    """Run ``work`` on the engine's worker: its summary (text, finish reason) and token scores
+    (a client that hangs up stops it: :class:`~criticalkv.serve.hangup.ClientGone`)."""
+    await admit(engine)
     channel = CompletionChannel(asyncio.get_running_loop())
     engine.submit_chat(work, channel, CompletionSession)
-    try:
-        while True:
-            kind, value = await channel.get()
-            if kind == "error":
-                raise value
-            if kind == "done":
-                session = channel.session
-                return dict(value), [] if session is None else session.scores
-    except asyncio.CancelledError:
-        channel.cancelled.set()
-        raise
+    kind, value = await outcome_or_hang_up(channel, request)
+    if kind == "error":
+        raise value
+    session = channel.session
+    return dict(value), [] if session is None else session.scores
 
 
 def prompt_scores(model: Any, ids: list[int]) -> list[TokenScore]:
@@ -195,7 +171,8 @@ def prompt_scores(model: Any, ids: list[int]) -> list[TokenScore]:
 
 
 async def _echo_scores(engine: Engine, ids: list[int]) -> list[TokenScore]:
-    """:func:`prompt_scores` on the compression thread (beside the decode steps, after queued prefills)."""
+    """:func:`prompt_scores` on the compression thread (beside the decode steps, after queued
+    prefills), admitted and counted as every request's work is."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[list[TokenScore]] = loop.create_future()
 
@@ -203,67 +180,116 @@ async def _echo_scores(engine: Engine, ids: list[int]) -> list[TokenScore]:
         try:
             result = prompt_scores(engine.model, ids)
         except Exception as error:  # answered on the request
-            loop.call_soon_threadsafe(done.set_exception, error)
+            loop.call_soon_threadsafe(done.set_exception, server_error(error))
         else:
             loop.call_soon_threadsafe(done.set_result, result)
+        finally:
+            engine.release()
 
+    await admit(engine)
     engine.compressor.submit(job)
     return await done
 
 
-def _logprobs_body(engine: Engine, scores: list[TokenScore | None], tokens: list[int], top: int) -> dict[str, Any]:
-    """OpenAI's ``logprobs`` object: each token's text, log-probability, ``top`` alternatives, offset."""
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Where the first of ``stops`` starts in ``text`` (``None`` if none occurs)."""
+    return min((at for stop in stops if (at := text.find(stop)) >= 0), default=None)
+
+
+def _named_tops(scores: list[TokenScore | None], shown: list[int], pieces: Pieces, top: int) -> list[Any]:
+    """Each position's ``top`` likeliest tokens by their piece of the text had they been chosen
+    there (the chosen one by its own piece; a name two tokens share keeps the likelier's value)."""
+    out: list[dict[str, float] | None] = []
+    for i, score in enumerate(scores):
+        if score is None:
+            out.append(None)
+            continue
+        named: dict[str, float] = {}
+        for t, value in list(score.top.items())[:top]:
+            named.setdefault(pieces.pieces[i] if t == shown[i] else pieces.names[i].get(t, ""), value)
+        out.append(named)
+    return out
+
+
+def _choice_body(
+    engine: Engine, body: CompletionRequest, ids: list[int], scores: list[TokenScore | None], generated: list[int]
+) -> tuple[str, dict[str, Any] | None]:
+    """The choice's ``text`` and OpenAI's ``logprobs`` object (each token's piece of the text,
+    log-probability, alternatives and offset in the text), both from one decode of the prompt's
+    and the completion's tokens (:func:`token_pieces`), so that they describe the same tokens;
+    the completion ends before its first stop sequence, its tokens with the one the stop starts in."""
+    shown = [*ids, *generated] if body.echo else generated
+    context = [] if body.echo else ids[-2 * LOOKBACK :]  # what the first generated token follows
+    tops: list[list[int]] = [[] for _ in context] + [[] if s is None else list(s.top) for s in scores]
     with engine.tokenizer_lock:
-        texts = [str(engine.tokenizer.decode([t])) for t in tokens]
-        names = {t: str(engine.tokenizer.decode([t])) for s in scores if s is not None for t in s.top}
-    offsets, at = [], 0
-    for text in texts:
-        offsets.append(at)
-        at += len(text)
-    return {
-        "tokens": texts,
-        "token_logprobs": [None if s is None else s.logprob for s in scores],
-        "top_logprobs": [None if s is None else {names[t]: v for t, v in list(s.top.items())[:top]} for s in scores],
-        "text_offset": offsets,
+        decoded = token_pieces(engine.tokenizer, [*context, *shown], tops)
+    pieces = Pieces(decoded.pieces[len(context) :], decoded.names[len(context) :])
+    text, offsets = pieces.text, pieces.offsets()
+    prompt_chars = offsets[len(ids)] if body.echo and len(shown) > len(ids) else len(text) if body.echo else 0
+    stop = _first_stop(text[prompt_chars:], stops_of(body.stop))
+    kept, shown_pieces = len(shown), list(pieces.pieces)
+    if stop is not None:  # the tokens up to the one the stop starts in, that one's piece cut where text ends
+        text = text[: prompt_chars + stop]
+        kept = sum(1 for at in offsets if at < len(text))
+        if kept:
+            shown_pieces[kept - 1] = shown_pieces[kept - 1][: len(text) - offsets[kept - 1]]
+    if body.logprobs is None:
+        return text, None
+    top = max(body.logprobs, 1) if body.logprobs else 0
+    logprobs = {
+        "tokens": shown_pieces[:kept],
+        "token_logprobs": [None if s is None else s.logprob for s in scores[:kept]],
+        "top_logprobs": _named_tops(scores[:kept], shown, pieces, top),
+        "text_offset": offsets[:kept],
     }
+    return text, logprobs
 
 
 async def _choice(
-    body: CompletionRequest, engine: Engine, prompt: tuple[list[int], str | None], max_tokens: int, index: int
+    body: CompletionRequest,
+    engine: Engine,
+    request: Request,
+    prompt: tuple[list[int], ChatWork | None],
+    index: int,
+    summaries: dict[str, Any],
 ) -> Any:
-    """One prompt's choice and its (prompt, completion) token counts."""
-    ids, prompt_text = prompt
+    """One prompt's choice and its (prompt, completion) token counts (its time to first token
+    and KV bytes noted in ``summaries``, for the access log)."""
+    ids, work = prompt
     summary: dict[str, Any] = {"text": "", "finish_reason": "length", "completion_tokens": 0}
     generated: list[TokenScore] = []
-    if max_tokens > 0:
-        summary, generated = await _generate(await asyncio.to_thread(_work, body, engine, ids, max_tokens), engine)
-    text = str(summary["text"])
-    if body.echo and prompt_text is not None:
-        text = prompt_text + text
-    elif body.echo:
-        with engine.tokenizer_lock:
-            text = str(engine.tokenizer.decode(ids)) + text
-    logprobs = None
-    if body.logprobs is not None:
-        scores: list[TokenScore | None] = [None, *await _echo_scores(engine, ids)] if body.echo else []
-        tokens = [*ids] if body.echo else []
-        scores += generated
-        tokens += [s.token for s in generated]
-        logprobs = _logprobs_body(engine, scores, tokens, max(body.logprobs, 1) if body.logprobs else 0)
+    if work is not None:
+        summary, generated = await _generate(work, engine, request)
+        summaries.setdefault("ttft_s", summary.get("ttft_s"))
+        summaries["kv_bytes"] = summaries.get("kv_bytes", 0) + int(summary.get("kv_bytes") or 0)
+    scores: list[TokenScore | None] = []
+    if body.echo:
+        scores = [None, *await _echo_scores(engine, ids)] if body.logprobs is not None else [None] * len(ids)
+    scores += generated
+    tokens = [s.token for s in generated]
+    text, logprobs = await asyncio.to_thread(_choice_body, engine, body, ids, scores, tokens)
     choice = {"index": index, "text": text, "finish_reason": summary["finish_reason"], "logprobs": logprobs}
     return choice, len(ids), int(summary["completion_tokens"])
 
 
-async def complete(body: CompletionRequest, engine: Engine) -> dict[str, Any]:
-    """The response to a completions request: one choice per prompt, in order."""
+def _plan(body: CompletionRequest, engine: Engine) -> list[tuple[list[int], ChatWork | None]]:
+    """Every prompt's ids and work, each checked before any runs."""
     max_tokens = _check(body, engine)
-    prompts = await asyncio.to_thread(_prompts, body, engine)
+    return [(ids, _work(body, engine, ids, max_tokens)) for ids, _ in _prompts(body, engine)]
+
+
+async def complete(body: CompletionRequest, engine: Engine, request: Request) -> dict[str, Any]:
+    """The response to a completions request: one choice per prompt, in order."""
+    prompts = await asyncio.to_thread(_plan, body, engine)
     choices, prompt_tokens, completion_tokens = [], 0, 0
+    summaries: dict[str, Any] = {}  # the first answer's time to first token, every answer's KV bytes
     for index, prompt in enumerate(prompts):
-        choice, used, made = await _choice(body, engine, prompt, max_tokens, index)
+        choice, used, made = await _choice(body, engine, request, prompt, index, summaries)
         choices.append(choice)
         prompt_tokens, completion_tokens = prompt_tokens + used, completion_tokens + made
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    work = next((w for _, w in prompts if w is not None), None)
+    note_access(request.state, work, {**usage, **summaries})
     return {
         "id": "cmpl-" + secrets.token_hex(12),
         "object": "text_completion",
@@ -274,9 +300,9 @@ async def complete(body: CompletionRequest, engine: Engine) -> dict[str, Any]:
     }
 
 
-def add_completion_routes(app: FastAPI, engine: Engine) -> None:
+def add_routes(app: FastAPI, engine: Engine) -> None:
     """Register ``POST /v1/completions`` on ``app``."""
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> dict[str, Any]:
-        return await complete(body, engine)
+    async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+        return await complete(body, engine, request)

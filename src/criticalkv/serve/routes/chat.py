@@ -9,40 +9,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from criticalkv.serve.compress import check_compressible, compressible
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError, invalid, not_found
+from criticalkv.serve.hangup import outcome_or_hang_up
+from criticalkv.serve.middleware import note_access
+from criticalkv.serve.prepare import admit, check_model_and_n, compression_for, sampling_of, stops_of, too_long
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import ChatRequest
 from criticalkv.serve.session import Channel, ChatWork
 
-#: the most stop sequences a request may set (as OpenAI's API)
-MAX_STOPS = 4
-
 
 def _too_long(total: int, limit: int) -> APIError:
-    return invalid(
-        f"this model accepts {limit} tokens; the context, question and max_tokens need {total}; "
-        "use a shorter document or question, or fewer max_tokens",
-        "messages",
-        "context_length_exceeded",
-    )
-
-
-def check_model_and_n(model: str, n: int | None, served: str) -> None:
-    """A 404 unless ``model`` is the one served, a 400 unless ``n`` is 1 (or absent)."""
-    if model != served:
-        raise APIError(
-            404,
-            f"model {model!r} is not served here; use {served!r}",
-            param="model",
-            code="model_not_found",
-            type="not_found_error",
-        )
-    if n not in (None, 1):
-        raise invalid("only n=1 is supported", "n")
+    advice = "use a shorter document or question, or fewer max_tokens"
+    return too_long(limit, total, "the context, question and max_tokens", advice, "messages")
 
 
 def validate(body: ChatRequest, engine: Engine) -> ChatWork:
@@ -83,6 +65,8 @@ def _stored_context_work(
     if not engine.store.has(context_id):
         raise not_found(f"no context {context_id!r}; create one with POST /v1/contexts", "context_id")
     info = engine.store.info(context_id)
+    if not info["answerable"]:  # made for another model or tokenizer (a store reopened with other settings)
+        raise APIError(409, info["reason"], param="context_id", code="context_incompatible")
     asked = {"method": body.method, "budget": body.budget, "window": body.window}
     for key, value in asked.items():
         if value is not None and value != info[key]:
@@ -112,45 +96,12 @@ def _prompt_work(
     body: ChatRequest, engine: Engine, max_tokens: int, admitted: float, sampling: Sampling, stops: tuple[str, ...]
 ) -> ChatWork:
     """A whole conversation as one prompt, to compress with the request's (or the server's) settings."""
-    method, budget, window = engine.config.compression(body.method, body.budget, body.window)
+    engine.config.compression(body.method, body.budget, body.window)  # the options before the tokens
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
-    if len(ids) + max_tokens > engine.max_positions:
-        raise _too_long(len(ids) + max_tokens, engine.max_positions)
-    at_fault = "window" if body.window is not None else "budget" if body.budget is not None else "messages"
-    window = min(window, len(ids))  # a prompt within the window is kept whole (at budget 1)
-    if at_fault == "messages" and not compressible(len(ids), budget, window, engine.quantization):
-        # too short to compress at the server's own defaults (a greeting, a short question): kept
-        # whole, which costs at most window / budget tokens; a budget or window the request set
-        # itself is refused below instead, with the reason
-        budget = 1.0
-    check_compressible(len(ids), budget, window, engine.quantization, "prompt", at_fault)
+    need = len(ids) + max_tokens
+    overflow = _too_long(need, engine.max_positions) if need > engine.max_positions else None
+    method, budget, window = compression_for(engine, len(ids), body, "messages", overflow=overflow)
     return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling, stops)
-
-
-def sampling_of(body: ChatRequest | Any) -> Sampling:
-    """The request's ``temperature`` (in [0, 2]; left out: 0, greedy, as the server always
-    answered, unlike OpenAI's default of 1), ``top_p`` (in (0, 1]) and ``seed``."""
-    temperature = 0.0 if body.temperature is None else body.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
-    if not 0 <= temperature <= 2:
-        raise invalid(f"temperature must be in [0, 2], not {temperature}", "temperature")
-    if not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], not {top_p}", "top_p")
-    return Sampling(temperature, top_p, body.seed)
-
-
-def stops_of(stop: object) -> tuple[str, ...]:
-    """The request's ``stop``: a string or a list of up to :data:`MAX_STOPS` non-empty strings."""
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOPS:
-        raise invalid(f"stop takes at most {MAX_STOPS} sequences, not {len(stops)}", "stop")
-    if any(not s for s in stops):
-        raise invalid("stop sequences must be non-empty strings", "stop")
-    return tuple(stops)
 
 
 def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
@@ -162,25 +113,21 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def answer(body: ChatRequest, engine: Engine) -> JSONResponse | StreamingResponse:
+async def answer(body: ChatRequest, engine: Engine, request: Request) -> JSONResponse | StreamingResponse:
     """Validate, admit (429 when full), submit; the whole answer or an SSE stream of it."""
+    if body.context_id is not None:  # compressing or failed in the background: a 409 saying which
+        request.app.state.pending.check_usable(body.context_id)
     work = await asyncio.to_thread(validate, body, engine)  # tokenising a long prompt: off the event loop
-    engine.admit()
+    await admit(engine)
     channel = Channel(asyncio.get_running_loop())
     engine.submit_chat(work, channel)
     base = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": engine.config.model_name}
     if body.stream:
-        return StreamingResponse(_stream(base, channel), media_type="text/event-stream")
-    try:
-        while True:
-            kind, value = await channel.get()
-            if kind == "error":
-                raise value
-            if kind == "done":
-                break
-    except asyncio.CancelledError:
-        channel.cancelled.set()
-        raise
+        return StreamingResponse(_stream(base, channel, request, work), media_type="text/event-stream")
+    kind, value = await outcome_or_hang_up(channel, request)  # a client that hangs up stops the answer
+    if kind == "error":
+        raise value
+    note_access(request.state, work, value)
     usage = {
         "prompt_tokens": value["prompt_tokens"],
         "completion_tokens": value["completion_tokens"],
@@ -195,7 +142,7 @@ async def answer(body: ChatRequest, engine: Engine) -> JSONResponse | StreamingR
     return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": usage})
 
 
-async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
+async def _stream(base: dict[str, Any], channel: Channel, request: Request, work: ChatWork) -> AsyncIterator[str]:
     finished = False
     try:
         yield _chunk(base, {"role": "assistant", "content": ""})
@@ -207,6 +154,7 @@ async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
                 yield f"data: {json.dumps(value.body())}\n\n"
                 break
             else:
+                note_access(request.state, work, value)
                 yield _chunk(base, {}, value["finish_reason"])
                 break
         finished = True
@@ -214,3 +162,11 @@ async def _stream(base: dict[str, Any], channel: Channel) -> AsyncIterator[str]:
     finally:
         if not finished:  # the client went away: the worker drops the session at its next step
             channel.cancelled.set()
+
+
+def add_routes(app: FastAPI, engine: Engine) -> None:
+    """Register ``POST /v1/chat/completions`` on ``app``."""
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        return await answer(body, engine, request)

@@ -1,4 +1,4 @@
-"""Contexts compressing in the background, the contexts list and ``/health``.
+"""Contexts compressing in the background: their state until stored (or failed).
 
 ``POST /v1/contexts`` with ``"wait": false`` answers ``202`` at once with the new context's id and
 ``"status": "compressing"``; the compression runs on the engine as a blocking creation's does, and
@@ -9,15 +9,11 @@ the error's message, kept until the id is deleted) or the stored context, ``read
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
 
-from fastapi import FastAPI
-
 from criticalkv.serve.cancel import Progress
-from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.session import Channel
 
@@ -30,12 +26,21 @@ class PendingContexts:
         self._entries: dict[str, dict[str, Any]] = {}
 
     def start(
-        self, context_id: str, tokens: int, method: str, budget: float, window: int, progress: Progress
+        self,
+        context_id: str,
+        tokens: int,
+        method: str,
+        budget: float,
+        window: int,
+        progress: Progress,
+        channel: Channel,
     ) -> dict[str, Any]:
         entry = {"id": context_id, "object": "context", "status": "compressing", "tokens": tokens}
         entry.update(method=method, budget=budget, window=window, created=int(time.time()), kv_bytes=None)
         with self._lock:
-            self._entries[context_id] = {**entry, "_started": time.monotonic(), "_progress": progress}
+            self._entries[context_id] = {
+                **entry, "_started": time.monotonic(), "_progress": progress, "_channel": channel
+            }  # fmt: skip
             return _public(self._entries[context_id])
 
     def finish(self, context_id: str) -> None:
@@ -59,12 +64,38 @@ class PendingContexts:
             return [_public(e) for e in self._entries.values()]
 
     def discard(self, context_id: str) -> bool:
-        """Forget a failed context (``DELETE``); ``False`` if it is not a failed one here."""
+        """Forget a failed context, or stop a compressing one (``DELETE``: it stops at its next
+        layer and nothing is stored); ``False`` if the id is not pending here."""
         with self._lock:
-            if self._entries.get(context_id, {}).get("status") != "failed":
-                return False
-            del self._entries[context_id]
-            return True
+            entry = self._entries.pop(context_id, None)
+        if entry is None:
+            return False
+        if entry["status"] == "compressing":
+            channel: Channel = entry["_channel"]
+            channel.cancelled.set()
+            channel.put("error", APIError(404, "deleted while compressing"))  # ends its follower
+        return True
+
+    def check_usable(self, context_id: str) -> None:
+        """A 409 if ``context_id`` is still compressing or its compression failed (a question
+        about it cannot be answered yet, or ever)."""
+        entry = self.info(context_id)
+        if entry is None:
+            return
+        if entry["status"] == "compressing":
+            raise APIError(
+                409,
+                f"context {context_id} is still being compressed ({entry['layers_done']} of "
+                f"{entry['layers_total']} layers); ask again once GET /v1/contexts/{context_id} shows it ready",
+                param="context_id",
+                code="context_not_ready",
+            )
+        raise APIError(
+            409,
+            f"context {context_id} failed to compress ({entry.get('error')}); delete it and create it again",
+            param="context_id",
+            code="context_failed",
+        )
 
 
 def _public(entry: dict[str, Any]) -> dict[str, Any]:
@@ -83,16 +114,3 @@ async def follow(channel: Channel, pending: PendingContexts, context_id: str) ->
         pending.fail(context_id, value)
     else:
         pending.finish(context_id)
-
-
-def add_context_routes(app: FastAPI, engine: Engine, pending: PendingContexts) -> None:
-    """``GET /v1/contexts`` (every context: id, tokens, bytes, status, created) and ``GET /health``."""
-
-    @app.get("/v1/contexts")
-    async def list_contexts() -> dict[str, Any]:
-        stored = await asyncio.to_thread(engine.store.infos)
-        return {"object": "list", "data": [*pending.infos(), *stored]}
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.config.model_name, "queue_depth": engine.queue_depth()}
