@@ -27,7 +27,7 @@ import torch
 
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.demo import DEMO_METHODS
-from criticalkv.eval.needle import make_needle_sample
+from criticalkv.eval.tasks import make_needle_sample
 from criticalkv.models import load_model
 from criticalkv.prompts import encode_pair
 from criticalkv.runtime import continue_generation, prefill, teacher_forced_logprobs

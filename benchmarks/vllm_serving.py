@@ -14,6 +14,11 @@ Run it in the venv that has vLLM (``make test-vllm`` builds ``.venv-vllm``)::
     .venv-vllm/bin/python benchmarks/vllm_serving.py --out docs/results/vllm
         [--configs plain,snapkv@0.2,...] [--concurrency 1,4,16] [--ours-python .venv/bin/python]
 
+``ours@BUDGET`` is ``criticalkv serve`` from this checkout; ``before@BUDGET`` the same command run
+with ``PYTHONPATH=--before-src`` (another checkout's ``src``, e.g. a worktree of an older commit),
+to measure a change of our own server beside vLLM in one run. Our answers run to 64 tokens too
+(``ignore_eos``; a server older than that option ignores it, and the table says its token count).
+
 Each vLLM engine runs in a process of its own (``--one``); results go to ``OUT/results.jsonl``
 (one line per configuration and concurrency, appended as they finish) and ``OUT/table.md``.
 """
@@ -55,10 +60,12 @@ def summary(name: str, concurrency: int, started: float, first: dict[str, float]
     return {
         "config": name,
         "concurrency": concurrency,
+        "ttft_mean_s": round(statistics.fmean(waits), 3),
         "ttft_median_s": round(statistics.median(waits), 3),
         "ttft_max_s": round(max(waits), 3),
         "tokens_per_s": round(tokens / (done - started), 3),
         "wall_s": round(done - started, 2),
+        "tokens": tokens,
     }
 
 
@@ -116,15 +123,24 @@ def vllm_level(llm: Any, config: str, level: int, batch: list[list[int]]) -> dic
 
 
 # --- criticalkv serve (our own server, over HTTP) --------------------------------------------------------
-def run_ours(config: str, levels: list[int], python: str) -> list[dict[str, Any]]:
+def run_ours(
+    config: str, levels: list[int], python: str, before_src: str | None = None, flags: str = ""
+) -> list[dict[str, Any]]:
     import httpx
 
     budget = config.split("@")[1]
     port = 8790
-    command = [str(Path(python).parent / "criticalkv"), "serve", "--model", "default", "--budget", budget]
-    command += ["--port", str(port)]
-    command += ["--max-sessions", "32", "--max-batch", "16"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [python, "-m", "criticalkv.cli", "serve", "--model", "default", "--budget", budget]
+    command += ["--port", str(port), "--dtype", "float32"]
+    command += ["--max-sessions", "32", "--max-batch", "16", *flags.split()]
+    env = dict(os.environ)
+    if config.startswith("before@"):
+        if not before_src:
+            raise SystemExit("before@BUDGET needs --before-src (the src folder of the checkout to compare)")
+        env["PYTHONPATH"] = before_src
+    else:
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 600
@@ -160,7 +176,7 @@ def ours_level(base: str, config: str, level: int, batch: list[list[int]]) -> di
         return found
 
     async def one(client: httpx.AsyncClient, ids: list[int]) -> int:
-        body = {"model": "default", "prompt": ids, "max_tokens": ANSWER, "temperature": 0}
+        body = {"model": "default", "prompt": ids, "max_tokens": ANSWER, "temperature": 0, "ignore_eos": True}
         response = await client.post(f"{base}/v1/completions", json=body, timeout=3600)
         response.raise_for_status()
         return int(response.json()["usage"]["completion_tokens"])
@@ -191,7 +207,8 @@ def ours_level(base: str, config: str, level: int, batch: list[list[int]]) -> di
     return {
         "config": config,
         "concurrency": level,
-        "ttft_median_s": round(mean, 3),
+        "ttft_mean_s": round(mean, 3),
+        "ttft_median_s": None,
         "ttft_max_s": None,
         "ttft_note": "server-side mean (admission to first token)",
         "tokens_per_s": round(tokens / (done - started), 3),
@@ -204,23 +221,24 @@ def ours_level(base: str, config: str, level: int, batch: list[list[int]]) -> di
 
 # --- the whole comparison -------------------------------------------------------------------------------
 def table(rows: list[dict[str, Any]]) -> str:
+    """One row per configuration and concurrency, with ratios against plain vLLM at that concurrency."""
     plain = {r["concurrency"]: r for r in rows if r["config"] == "plain"}
     lines = [
-        "| config | concurrent | running max | TTFT median s | TTFT max s | tokens/s | peak KV MiB | "
-        "running vs plain | tokens/s vs plain | KV vs plain |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | concurrent | running max | TTFT mean s | TTFT median s | TTFT max s | tokens | tokens/s | "
+        "peak KV MiB | tokens/s vs plain | TTFT mean vs plain | KV vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = plain.get(r["concurrency"])
-        ratio = (
-            (f"{r['running_max'] / base['running_max']:.2f}x", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x")
-            if base
-            else ("", "")
-        )
-        kv = f"{r['kv_peak_bytes'] / base['kv_peak_bytes']:.2f}x" if base and base["kv_peak_bytes"] else ""
+
+        def ratio(key: str, row: dict[str, Any] = r, base: dict[str, Any] | None = base) -> str:
+            return f"{row[key] / base[key]:.2f}x" if base and base.get(key) and row.get(key) is not None else ""
+
         lines.append(
-            f"| {r['config']} | {r['concurrency']} | {r['running_max']} | {r['ttft_median_s']} | {r['ttft_max_s']} | "
-            f"{r['tokens_per_s']} | {r['kv_peak_bytes'] / 2**20:.1f} | {ratio[0]} | {ratio[1]} | {kv} |"
+            f"| {r['config']} | {r['concurrency']} | {r['running_max']} | {r.get('ttft_mean_s')} | "
+            f"{r['ttft_median_s']} | {r['ttft_max_s']} | {r.get('tokens')} | {r['tokens_per_s']} | "
+            f"{r['kv_peak_bytes'] / 2**20:.1f} | {ratio('tokens_per_s')} | {ratio('ttft_mean_s')} | "
+            f"{ratio('kv_peak_bytes')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -231,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parse.add_argument("--configs", default=DEFAULT_CONFIGS, help="plain, METHOD@BUDGET (the plugin), ours@BUDGET")
     parse.add_argument("--concurrency", default="1,4,16")
     parse.add_argument("--ours-python", default=str(Path(sys.executable)), help="a Python with criticalkv[serve]")
+    parse.add_argument("--before-src", default=None, help="src folder of the checkout that before@BUDGET runs")
+    parse.add_argument("--ours-flags", default="", help="more `criticalkv serve` flags for ours@ (one string)")
     parse.add_argument("--one", help=argparse.SUPPRESS)
     args = parse.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -240,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for config in args.configs.split(","):
-        if config.startswith("ours@"):
-            found = run_ours(config, levels, args.ours_python)
+        if config.startswith(("ours@", "before@")):
+            found = run_ours(config, levels, args.ours_python, args.before_src, args.ours_flags)
         else:
             command = [sys.executable, __file__, "--one", config, "--concurrency", args.concurrency]
             done = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-batch-tokens",
         type=int,
-        default=16384,
+        default=4096,
         help="prompts that arrive together are compressed in one prefill of at most this many (padded) tokens",
     )
     p.add_argument(

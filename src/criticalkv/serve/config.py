@@ -44,7 +44,7 @@ class ServerConfig:
     max_batch: int = 8
     offload_prompt_tokens: int = 128
     #: prompts queued together are compressed in one prefill of at most this many padded tokens
-    prefill_batch_tokens: int = 16384
+    prefill_batch_tokens: int = 4096
     #: an idle compression thread waits this long for prompts sent at the same moment (to batch them)
     prefill_gather_s: float = 0.05
     store: Path | None = None

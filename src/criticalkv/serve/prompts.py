@@ -95,7 +95,7 @@ class PromptCompressions:
     """
 
     def __init__(
-        self, compressor: Compressor, model: Any, batch_tokens: int = 16384, max_rows: int = 8, gather_s: float = 0.05
+        self, compressor: Compressor, model: Any, batch_tokens: int = 4096, max_rows: int = 8, gather_s: float = 0.05
     ) -> None:
         watch_layers(model)
         self.compressor = compressor
