@@ -118,10 +118,13 @@ def test_unknown_method_lists_the_registered_names() -> None:
 
 
 def test_register_takes_a_method_under_its_own_name() -> None:
+    from criticalkv.methods.registry import method_colour
+
     snapkv = ckv.get_method("snapkv")
-    before = ckv.available_methods()
-    ckv.register(snapkv)  # the same method again: it replaces itself, in its place
+    before, colour = ckv.available_methods(), method_colour("snapkv")
+    ckv.register(snapkv)  # the same method again: it replaces itself, in its place, in its colour
     assert ckv.available_methods() == before and ckv.get_method("snapkv") == snapkv
+    assert colour is not None and method_colour("snapkv") == colour
     with pytest.raises(TypeError, match="needs a criticalkv Method, not 'snapkv'"):
         ckv.register("snapkv")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="a method name must be a non-empty string"):

@@ -5,6 +5,7 @@ minutes) are not run here: the plan (``make -n``) and the comparison step are te
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -33,9 +34,10 @@ COMMITTED = ROOT / "docs" / "results"
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_the_plan_says_its_time_first_and_writes_only_to_the_fresh_folder(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     plan = subprocess.run(
-        ["make", "-n", "reproduce", f"VENV={tmp_path / 'venv'}", f"REPRODUCE_OUT={fresh}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        ["make", "--no-print-directory", "-n", "reproduce", f"VENV={tmp_path / 'venv'}", f"REPRODUCE_OUT={fresh}"],
+        cwd=ROOT, capture_output=True, text=True, check=True, env=env,
     ).stdout  # fmt: skip
     lines = plan.splitlines()
     assert lines[0].startswith("echo") and re.search(r"about \d+ minutes", lines[0])  # before the install

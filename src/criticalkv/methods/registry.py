@@ -15,7 +15,8 @@ _COLOURS: dict[str, str | None] = {}
 
 def register(method: Method, *, colour: str | None = None) -> None:
     """Register ``method`` under its name (replacing any earlier method of that name), drawn in
-    ``colour`` (a matplotlib colour, e.g. ``"#08519c"``) in every figure.
+    ``colour`` (a matplotlib colour, e.g. ``"#08519c"``) in every figure; without ``colour`` a
+    method registered again keeps the colour it had.
 
     To change a parameter of a registered method, use ``get_method(name, **options)`` instead.
     """
@@ -26,7 +27,7 @@ def register(method: Method, *, colour: str | None = None) -> None:
     if colour is not None and (not isinstance(colour, str) or not colour):
         raise ValueError(f"a method's colour is a matplotlib colour such as '#08519c', not {colour!r}")
     _REGISTRY[method.name] = method
-    _COLOURS[method.name] = colour
+    _COLOURS[method.name] = colour if colour is not None else _COLOURS.get(method.name)
 
 
 def method_colour(name: str) -> str | None:
