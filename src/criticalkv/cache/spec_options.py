@@ -19,14 +19,7 @@ from criticalkv.defaults import SPEC_OPTIONS
 from criticalkv.options import OptionError, OptionTypeError
 
 #: the options that take a whole number
-INTEGER_OPTIONS: tuple[str, ...] = (
-    "window",
-    "decode_budget",
-    "decode_interval",
-    "kv_bits",
-    "kv_group_size",
-    "kv_residual",
-)
+INTEGER_OPTIONS: tuple[str, ...] = tuple(name for name in SPEC_OPTIONS if name not in ("method", "budget"))
 #: what stands for "not given" in text (lm-eval's ``key=None``, an empty value)
 NOT_GIVEN: tuple[str, ...] = ("None", "none", "null", "")
 _INTEGER = re.compile(r"[+-]?\d+")
