@@ -23,18 +23,15 @@ DEFAULT_INTERVAL = 64
 #: at budget 0.5 (target < 0.01), at 32 by 0.0013; 4 bits at 32 cost over 5 bits per element, at 64
 #: (one value group per token at head dimension 64) 4.5 per whole block (:mod:`criticalkv.cache.quantized`)
 DEFAULT_GROUP_SIZES: dict[int, int] = {8: 32, 4: 64}
+#: ``kv_bits`` values that mean "not quantized": the model's own dtype (a spec's ``storage`` is ``None``)
+UNQUANTIZED_BITS: tuple[int, ...] = (16, 32)
 #: most recent appended tokens kept in full precision (capped at the smallest per-head budget)
 DEFAULT_RESIDUAL = 64
+#: the options that hold a cache while it decodes (:class:`~criticalkv.cache.DecodeBudget`)
+DECODE_OPTIONS: tuple[str, ...] = ("decode_budget", "decode_interval")
+#: the options of its storage (:class:`~criticalkv.cache.quantized.KVQuantization`), as records name them
+STORAGE_OPTIONS: tuple[str, ...] = ("kv_bits", "kv_group_size", "kv_residual")
 #: the keyword arguments :meth:`~criticalkv.cache.CacheSpec.of` takes, as the library's messages name them
-SPEC_OPTIONS: tuple[str, ...] = (
-    "method",
-    "budget",
-    "window",
-    "decode_budget",
-    "decode_interval",
-    "kv_bits",
-    "kv_group_size",
-    "kv_residual",
-)
+SPEC_OPTIONS: tuple[str, ...] = ("method", "budget", "window", *DECODE_OPTIONS, *STORAGE_OPTIONS)
 #: dtypes of the Critical selections' value norms (:mod:`criticalkv.scores.value_norms`)
 NORM_PRECISIONS: tuple[str, ...] = ("auto", "exact", "float32", "bfloat16", "float16")

@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from criticalkv.budgets.resolve import Budget, resolve_budget
-from criticalkv.cache.decode import DEFAULT_INTERVAL, DecodeCompression
+from criticalkv.cache.decode import DecodeCompression
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.persist import load_cache, save_cache
 from criticalkv.cache.prefill import DEFAULT_WINDOW, JointPrefill, bounded, state_from_prefill, synchronize
@@ -42,11 +42,11 @@ class CompressedCache(Cache):
     method : a registered name (see :func:`criticalkv.available_methods`) or a :class:`Method`.
     budget : entries kept per KV head, as a fraction of the prompt in (0, 1] or a token count.
     window : the observation window (its entries are always kept).
-    decode_budget : entries per KV head the cache is held to while it decodes (``None``: the
-        generated tokens are all kept); see :class:`~criticalkv.cache.decode.budget.DecodeCompression`.
-    decode_interval : entries per head a layer may grow by before it is re-selected to ``decode_budget``.
-    kv_bits, kv_group_size, kv_residual : the storage precision (16: the model's dtype; 8 or 4:
-        quantized, see :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
+    **options : the decode budget and storage keywords of :meth:`CacheSpec.of` (``decode_budget``,
+        ``kv_bits``, ...): entries per KV head the cache is held to while it decodes (see
+        :class:`~criticalkv.cache.decode.budget.DecodeCompression`) and the storage precision (16: the
+        model's dtype; 8 or 4: quantized, see :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
+        A :class:`CacheSpec` built elsewhere makes a cache through :meth:`from_spec`.
 
     The method must be bound (:attr:`Method.bound`): methods with head-prior budgets
     (``headkv``, ``critical-headkv``) get their model's head scores from :meth:`for_model` or
@@ -80,23 +80,9 @@ class CompressedCache(Cache):
         method: str | Method = DEFAULT_METHOD,
         budget: Budget = 0.2,
         window: int = DEFAULT_WINDOW,
-        decode_budget: int | None = None,
-        decode_interval: int = DEFAULT_INTERVAL,
-        kv_bits: int = 16,
-        kv_group_size: int | None = None,
-        kv_residual: int | None = None,
+        **options: Any,
     ) -> None:
-        spec = CacheSpec.of(
-            method,
-            budget,
-            window,
-            decode_budget=decode_budget,
-            decode_interval=decode_interval,
-            kv_bits=kv_bits,
-            kv_group_size=kv_group_size,
-            kv_residual=kv_residual,
-        )
-        self._build(num_layers, spec)
+        self._build(num_layers, CacheSpec.of(method, budget, window, **options))
 
     @classmethod
     def from_spec(cls, num_layers: int, spec: CacheSpec) -> CompressedCache:

@@ -19,9 +19,15 @@ import torch
 from criticalkv.budgets.resolve import Budget, resolve_budget, validate_budget
 from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
-from criticalkv.cache.quantized import KVQuantization, check_quantized_decode, quantization_for
-from criticalkv.cache.spec_options import INTERVAL_WITHOUT_BUDGET, spec_keywords
-from criticalkv.defaults import DEFAULT_METHOD
+from criticalkv.cache.quantized import (
+    KVQuantization,
+    check_quantized_decode,
+    head_dim_of,
+    quantization_for,
+    storage_options,
+)
+from criticalkv.cache.spec_options import INTERVAL_WITHOUT_BUDGET, spec_keywords, storage_without_bits
+from criticalkv.defaults import DEFAULT_METHOD, STORAGE_OPTIONS, UNQUANTIZED_BITS
 from criticalkv.defaults import SPEC_OPTIONS as SPEC_OPTIONS
 from criticalkv.methods import HeadScoresArg, Method, bind, get_method
 from criticalkv.options import OptionError, OptionTypeError
@@ -61,19 +67,19 @@ class CacheSpec:
         window: int = DEFAULT_WINDOW,
         *,
         decode_budget: int | None = None,
-        decode_interval: int = DEFAULT_INTERVAL,
+        decode_interval: int | None = None,
         kv_bits: int = 16,
         kv_group_size: int | None = None,
         kv_residual: int | None = None,
         config: Any = None,
     ) -> CacheSpec:
         """The spec of the public keyword arguments, every option checked (``config``: the model's,
-        to check the group size against its head dimension).
+        to check the group size against its head dimension). ``None`` means "the default":
+        ``decode_interval`` 64 (:data:`~criticalkv.cache.decode.DEFAULT_INTERVAL`), the bit width's
+        group size, the default residual.
 
-        A ``decode_interval`` other than the default without a ``decode_budget`` (it would be
-        ignored) is refused. (A ``kv_group_size`` or ``kv_residual`` at 16 bits is accepted here, so
-        code can sweep ``kv_bits`` with fixed storage options; :meth:`parse` and the command line
-        refuse it.)
+        An option that modifies another is refused without it (it would be ignored):
+        ``decode_interval`` without ``decode_budget``, ``kv_group_size`` or ``kv_residual`` at 16 bits.
 
         Raises
         ------
@@ -81,9 +87,14 @@ class CacheSpec:
             (a ``ValueError``; an :class:`~criticalkv.options.OptionTypeError` for a wrong type)
             naming the option, before any work.
         """
-        if decode_budget is None and decode_interval != DEFAULT_INTERVAL:  # it would be ignored
+        if decode_budget is None and decode_interval is not None:
             raise OptionError(INTERVAL_WITHOUT_BUDGET)
-        decode = None if decode_budget is None else DecodeBudget(decode_budget, decode_interval)
+        if kv_bits in UNQUANTIZED_BITS:
+            for name, value in zip(STORAGE_OPTIONS[1:], (kv_group_size, kv_residual), strict=True):
+                if value is not None:
+                    raise OptionError(storage_without_bits(name))
+        interval = DEFAULT_INTERVAL if decode_interval is None else decode_interval
+        decode = None if decode_budget is None else DecodeBudget(decode_budget, interval)
         storage = quantization_for(kv_bits, kv_group_size, kv_residual, validate_budget(budget), config=config)
         return cls(get_method(method), budget, window, decode, storage)
 
@@ -116,6 +127,54 @@ class CacheSpec:
         """The storage precision: 16 (the model's dtype) or the quantized bit width."""
         return 16 if self.storage is None else self.storage.bits
 
+    def replaced(
+        self, *, method: str | Method | None = None, budget: Budget | None = None, window: int | None = None
+    ) -> CacheSpec:
+        """The same decode budget and storage with another method, budget or window (a sweep's row),
+        checked as :meth:`of` checks them."""
+        return replace(
+            self,
+            method=self.method if method is None else get_method(method),
+            budget=self.budget if budget is None else budget,
+            window=self.window if window is None else window,
+        )
+
+    def check_compressible(self, tokens: int, what: str = "prompt") -> int | None:
+        """Entries each KV head keeps of a ``tokens``-token ``what`` (``None`` for a method that keeps
+        everything), or :class:`PromptTooShort` when this spec cannot take it: fewer tokens than the
+        observation window, a budget that cannot hold the window (or asks for more tokens than there
+        are), or an explicit exact residual longer than each head's budget. The one check every
+        entry point (``generate``, the server, lm-eval, the bench) runs before any work."""
+        if tokens < self.window:
+            raise PromptTooShort(
+                f"the {what} has {tokens} tokens, fewer than the observation window ({self.window}); "
+                f"use a longer {what} or a smaller window"
+            )
+        if not self.method.compresses:
+            return None
+        try:
+            per_head = int(resolve_budget(self.budget, torch.tensor([tokens]), self.window)[0])
+        except ValueError as error:
+            raise PromptTooShort(f"the {what} has {tokens} tokens: {error}") from None
+        if self.storage is not None:
+            try:
+                self.storage.check_budget(per_head)
+            except OptionError as error:
+                raise PromptTooShort(f"the {what} has {tokens} tokens: {error}") from None
+        return per_head
+
+    def compressible(self, tokens: int) -> bool:
+        """Whether a ``tokens``-token prompt is compressed by this spec: its method compresses and
+        :meth:`check_compressible` accepts it (a prompt it refuses is kept whole where an entry
+        point keeps such prompts, e.g. lm-eval's short requests)."""
+        if not self.method.compresses:
+            return False
+        try:
+            self.check_compressible(tokens)
+        except PromptTooShort:
+            return False
+        return True
+
     def entries_per_head(self, tokens: int) -> int | None:
         """Entries each KV head keeps of a ``tokens``-token prompt, or ``None`` when this spec leaves
         such a prompt whole: the full cache, or a budget that cannot hold the observation window
@@ -138,24 +197,42 @@ class CacheSpec:
         return replace(self, method=method)
 
     def keywords(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`of` that rebuild this spec (the method as its name)."""
-        return {"method": self.method.name, "budget": self.budget, "window": self.window, **self.options()}
+        """The keyword arguments of :meth:`of` that rebuild this spec (the method as its name; the
+        decode and storage keywords only where they are set)."""
+        keywords: dict[str, Any] = {"method": self.method.name, "budget": self.budget, "window": self.window}
+        if self.decode is not None:
+            keywords.update(decode_budget=self.decode.budget, decode_interval=self.decode.interval)
+        return {**keywords, **storage_options(self.storage)}
 
-    def options(self) -> dict[str, Any]:
-        """The decode and storage keywords (``decode_budget`` ... ``kv_residual``) of this spec, as
-        :func:`criticalkv.generate` and :class:`~criticalkv.cache.CompressedCache` take them."""
-        decode = self.decode
-        storage = self.storage
-        return {
-            "decode_budget": None if decode is None else decode.budget,
-            "decode_interval": DEFAULT_INTERVAL if decode is None else decode.interval,
-            "kv_bits": self.kv_bits,
-            "kv_group_size": None if storage is None else storage.group_size,
-            "kv_residual": None if storage is None else storage.residual,
-        }
+    def record(self) -> dict[str, Any]:
+        """Every option as records store it (each of :data:`SPEC_OPTIONS`: ``decode_interval`` the
+        default without a decode budget, ``kv_bits`` 16 and no group size or residual unquantized);
+        :meth:`from_record` reads it back."""
+        record = {**dict.fromkeys(SPEC_OPTIONS), "decode_interval": DEFAULT_INTERVAL, **self.keywords()}
+        return {**record, STORAGE_OPTIONS[0]: self.kv_bits}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], config: Any = None) -> CacheSpec:
+        """The spec a record's options describe (:meth:`record`'s fields, extra fields ignored;
+        ``None`` is the default, ``kv_bits`` ``None`` the model's dtype)."""
+        given = {name: record[name] for name in SPEC_OPTIONS if record.get(name) is not None}
+        if given.get(STORAGE_OPTIONS[0], UNQUANTIZED_BITS[0]) in UNQUANTIZED_BITS:
+            for name in STORAGE_OPTIONS:
+                given.pop(name, None)
+        if "decode_budget" not in given:
+            given.pop("decode_interval", None)
+        return cls.of(**given, config=config)
+
+
+class PromptTooShort(ValueError):
+    """A prompt a :class:`CacheSpec` cannot compress (see :meth:`CacheSpec.check_compressible`)."""
 
 
 def bind_spec(spec: CacheSpec, model: Any, head_scores: HeadScoresArg = None) -> CacheSpec:
     """``spec`` with its method bound to ``model`` (head scores for head-prior methods, see
-    :func:`criticalkv.methods.bind`); ``model`` may be a model or its config."""
+    :func:`criticalkv.methods.bind`) and its storage checked against the model's head dimension
+    (a spec parsed before the model loaded); ``model`` may be a model or its config."""
+    head_dim = head_dim_of(getattr(model, "config", model))
+    if spec.storage is not None and head_dim is not None:
+        spec.storage.check_head_dim(head_dim)
     return spec.with_method(bind(spec.method, model, head_scores))

@@ -4,9 +4,9 @@ JSON, a config file), converted once and strictly for :meth:`~criticalkv.cache.C
 Every entry point that takes the options from outside Python's type system calls
 :func:`spec_keywords`: an option is used as given or refused in one sentence, never replaced.
 An integer option takes an integer (``"32"`` or ``32``; never ``1.5``, ``32.0`` or ``True``), a
-budget a fraction or a token count (``"0.2"``, ``"512"``), and an option that modifies another
-(``decode_interval``, ``kv_group_size``, ``kv_residual``) is refused without it. The ranges are
-:meth:`CacheSpec.of`'s checks, which every entry point shares too.
+budget a fraction or a token count (``"0.2"``, ``"512"``). The ranges, and an option that
+modifies another given without it, are :meth:`CacheSpec.of`'s checks, which every entry point
+shares too.
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from criticalkv.defaults import SPEC_OPTIONS
-from criticalkv.options import OptionError, OptionTypeError
+from criticalkv.options import OptionTypeError
 
 #: the options that take a whole number
 INTEGER_OPTIONS: tuple[str, ...] = tuple(name for name in SPEC_OPTIONS if name not in ("method", "budget"))
 #: what stands for "not given" in text (lm-eval's ``key=None``, an empty value)
 NOT_GIVEN: tuple[str, ...] = ("None", "none", "null", "")
 _INTEGER = re.compile(r"[+-]?\d+")
-#: ``kv_bits`` values that mean the model's own dtype (not quantized)
-UNQUANTIZED = (16, 32)
 
 
 def given(value: Any) -> bool:
@@ -75,7 +73,7 @@ def spec_keywords(options: Mapping[str, Any]) -> dict[str, Any]:
     Raises
     ------
     OptionError
-        naming the option: a value of the wrong kind, or an option without the one it modifies.
+        naming the option: a value of the wrong kind (:meth:`CacheSpec.of` checks the rest).
     """
     unknown = sorted(set(options) - set(SPEC_OPTIONS))
     if unknown:
@@ -90,18 +88,7 @@ def spec_keywords(options: Mapping[str, Any]) -> dict[str, Any]:
             keywords[name] = budget_option(value)
         else:
             keywords[name] = integer_option(name, value)
-    _check_modifiers(keywords)
     return keywords
-
-
-def _check_modifiers(keywords: Mapping[str, Any]) -> None:
-    """An option that modifies another is refused without it (it would be ignored)."""
-    if "decode_interval" in keywords and keywords.get("decode_budget") is None:
-        raise OptionError(INTERVAL_WITHOUT_BUDGET)
-    if keywords.get("kv_bits", 16) in UNQUANTIZED:
-        for name in ("kv_group_size", "kv_residual"):
-            if name in keywords:
-                raise OptionError(storage_without_bits(name))
 
 
 #: :func:`spec_keywords`' and :meth:`CacheSpec.of`'s sentence for an interval without a decode budget

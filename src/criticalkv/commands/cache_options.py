@@ -85,22 +85,13 @@ def cache_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def spec_from_args(args: argparse.Namespace, method: Any, budget: Any, window: int, *, config: Any = None) -> CacheSpec:
     """The checked spec of ``method`` at ``budget`` and ``window`` with the cache flags of ``args``
-    (``config``: the model's, to check the group size); errors name the flags."""
+    (``config``: the model's, to check the group size); errors name the flags. A command that sweeps
+    methods or budgets varies this spec with :meth:`CacheSpec.replaced`."""
     from criticalkv.cache import CacheSpec
 
-    given = cache_options(args)
-    interval = given.get("decode_interval")
+    given = {name: getattr(args, name) for name in SPEC_OPTIONS if hasattr(args, name)}
+    given.update(method=method, budget=budget, window=window)
     try:
-        return CacheSpec.of(
-            method,
-            budget,
-            window,
-            decode_budget=given.get("decode_budget"),
-            decode_interval=DEFAULT_INTERVAL if interval is None else interval,
-            kv_bits=16 if given["kv_bits"] is None else given["kv_bits"],
-            kv_group_size=given["kv_group_size"],
-            kv_residual=given["kv_residual"],
-            config=config,
-        )
+        return CacheSpec.of(**{name: value for name, value in given.items() if value is not None}, config=config)
     except OptionError as error:
         raise UsageError(error.spelled(FLAGS)) from None

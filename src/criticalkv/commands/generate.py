@@ -72,14 +72,11 @@ def run(args: argparse.Namespace) -> int:
         tokenizer,
         context,
         args.question,
-        method=spec.method,
-        budget=spec.budget,
+        spec=spec,
         mode=args.mode,
-        window=spec.window,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         head_scores=head_scores,
-        **spec.options(),
         **extra,
     )
     record = json_record(result, args.model, load_s)

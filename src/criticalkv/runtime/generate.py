@@ -11,12 +11,11 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from criticalkv.budgets.resolve import Budget, resolve_budget
+from criticalkv.budgets.resolve import Budget
 from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
-from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
 from criticalkv.compat import cache_argument
-from criticalkv.defaults import DEFAULT_METHOD
+from criticalkv.defaults import DECODE_OPTIONS, DEFAULT_METHOD, STORAGE_OPTIONS
 from criticalkv.defaults import DEFAULT_WINDOWS as DEFAULT_WINDOWS
 from criticalkv.defaults import MODES as MODES
 from criticalkv.methods import HeadScoresArg, Method
@@ -119,12 +118,8 @@ def generate(
     max_new_tokens: int = 32,
     chat: bool = True,
     head_scores: HeadScoresArg = None,
-    decode_budget: int | None = None,
-    decode_interval: int = DEFAULT_INTERVAL,
-    kv_bits: int = 16,
-    kv_group_size: int | None = None,
-    kv_residual: int | None = None,
-    **generate_kwargs: Any,
+    spec: CacheSpec | None = None,
+    **kwargs: Any,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with a compressed KV cache.
 
@@ -134,27 +129,30 @@ def generate(
 
     Lists of contexts and questions run as one left-padded batch. ``head_scores`` (a file or
     :class:`~criticalkv.headscores.HeadScores`) is bound for head-prior methods such as ``headkv``
-    instead of the model's own. Extra keyword arguments go to ``model.generate`` (greedy by default).
+    instead of the model's own.
 
-    ``decode_budget`` holds the cache at that many entries per KV head on average while it
-    generates, re-selecting a layer once it grew ``decode_interval`` entries per head beyond it
-    (:mod:`criticalkv.cache.decode.budget`); with ``budget=1.0`` only the decode budget compresses.
-
-    ``kv_bits`` 8 or 4 stores the kept entries quantized (``kv_group_size`` entries a scale and zero
-    point, ``None``: 32 at 8 bits, 64 at 4 bits; the last ``kv_residual`` appended tokens exact;
-    :class:`~criticalkv.cache.quantized.precision.KVQuantization`).
+    The cache is ``spec`` (a :class:`~criticalkv.cache.CacheSpec`, e.g. parsed from a command's
+    flags), or the spec of ``method``, ``budget``, ``window`` (``None``: the mode's default) and the
+    decode budget and storage keywords of :meth:`CacheSpec.of` among ``kwargs``: ``decode_budget``
+    holds the cache at that many entries per KV head on average while it generates
+    (:mod:`criticalkv.cache.decode.budget`; with ``budget=1.0`` only the decode budget compresses),
+    ``kv_bits`` 8 or 4 stores the kept entries quantized
+    (:class:`~criticalkv.cache.quantized.precision.KVQuantization`). The other ``kwargs`` go to
+    ``model.generate`` (greedy by default).
 
     Raises
     ------
     ValueError
-        Before the model runs, if a prompt plus ``max_new_tokens`` exceeds the model's positions.
+        Before the model runs, if a prompt plus ``max_new_tokens`` exceeds the model's positions,
+        or a prompt is too short for the spec (:meth:`CacheSpec.check_compressible`).
     """
     mode = check_mode(mode)
-    options: dict[str, Any] = {"decode_budget": decode_budget, "decode_interval": decode_interval, "kv_bits": kv_bits}
-    options.update(kv_group_size=kv_group_size, kv_residual=kv_residual)
-    spec = CacheSpec.of(
-        method, budget, DEFAULT_WINDOWS[mode] if window is None else window, config=model.config, **options
-    )
+    spec_options = {name: kwargs.pop(name) for name in (*DECODE_OPTIONS, *STORAGE_OPTIONS) if name in kwargs}
+    if spec is None:
+        window = DEFAULT_WINDOWS[mode] if window is None else window
+        spec = CacheSpec.of(method, budget, window, config=model.config, **spec_options)
+    elif spec_options:
+        raise ValueError(f"pass {', '.join(spec_options)} inside the spec, not beside it")
     spec = bind_spec(spec, model, head_scores)  # once, before the cache exists
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
@@ -162,10 +160,11 @@ def generate(
     prompts = _encode(
         model, tokenizer, context, question, chat=chat, mode=mode, spec=spec, max_new_tokens=max_new_tokens
     )
-    kwargs: dict[str, Any] = {"do_sample": False, "pad_token_id": prompts.pad_id}
-    kwargs.update(generate_kwargs)
+    generate_kwargs: dict[str, Any] = {"do_sample": False, "pad_token_id": prompts.pad_id, **kwargs}
     start = time.perf_counter()
-    cache, clock, output = _answer(model, tokenizer, prompts, spec, chat=chat, max_new_tokens=max_new_tokens, **kwargs)
+    cache, clock, output = _answer(
+        model, tokenizer, prompts, spec, chat=chat, max_new_tokens=max_new_tokens, **generate_kwargs
+    )
     total = time.perf_counter() - start
     answers, counts = decode_answers(tokenizer, output[:, prompts.ids.shape[1] :], eos_ids(model, tokenizer))
     return GenerationResult(
@@ -237,7 +236,9 @@ def _encode(
         fix="shorten the context (keep the part the question needs) or lower max_new_tokens (--max-new-tokens)",
     )
     aware = mode == "question-aware"
-    _check_compressible(spec, min(len(c) + len(q) if aware else len(c) for c, q in pairs), aware)
+    spec.check_compressible(
+        min(len(c) + len(q) if aware else len(c) for c, q in pairs), "prompt" if aware else "context"
+    )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids, mask = left_pad([c + q for c, q in pairs], pad_id)
     compressed = ids.shape[1]
@@ -247,17 +248,6 @@ def _encode(
         ids, mask, compressed = torch.cat([ctx_ids, q_ids], 1), torch.cat([ctx_mask, q_mask], 1), ctx_ids.shape[1]
     device = input_device(model)
     return _Prompts(pairs, ids.to(device), mask.to(device), int(compressed), pad_id, aware)
-
-
-def _check_compressible(spec: CacheSpec, shortest: int, aware: bool) -> None:
-    """The shortest compressed row holds the window, and an explicit residual fits its budget."""
-    if spec.storage is not None:  # an explicit residual longer than the budget: refused before the prefill
-        spec.storage.check_budget(int(resolve_budget(spec.budget, torch.tensor([shortest]), spec.window)[0]))
-    if shortest < spec.window:
-        raise ValueError(
-            f"the {'prompt' if aware else 'context'} has {shortest} tokens, fewer than "
-            f"the observation window ({spec.window}); use a longer context or a smaller --window"
-        )
 
 
 def _answer(

@@ -163,7 +163,13 @@ def test_quantized_memory_stays_bounded_through_generate() -> None:
     sizes = []
     for bits in (16, 4):
         cache = ckv.CompressedCache.for_model(
-            model, "critical-adakv", 0.5, window=4, decode_budget=10, decode_interval=4, kv_bits=bits, kv_group_size=4
+            model,
+            "critical-adakv",
+            0.5,
+            window=4,
+            decode_budget=10,
+            decode_interval=4,
+            **({} if bits == 16 else {"kv_bits": bits, "kv_group_size": 4}),
         )
         model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=40, min_new_tokens=40, do_sample=False,

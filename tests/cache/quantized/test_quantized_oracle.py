@@ -95,7 +95,9 @@ def test_reference_can_fail(device: torch.device) -> None:
     ids, mask = padded_batch([48, 37], seed=1, device=device)
     logits = []
     for bits in (16, 4):
-        cache = ckv.CompressedCache.for_model(ours, "snapkv", 0.3, window=6, kv_bits=bits, kv_group_size=4)
+        cache = ckv.CompressedCache.for_model(
+            ours, "snapkv", 0.3, window=6, **({} if bits == 16 else {"kv_bits": bits, "kv_group_size": 4})
+        )
         ours(input_ids=ids, attention_mask=mask, position_ids=positions(mask), **cache_argument(ours, cache))
         m2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long, device=device)], 1)
         nxt = torch.tensor([[7], [9]], device=device)

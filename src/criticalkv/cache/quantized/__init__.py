@@ -11,7 +11,9 @@ from criticalkv.cache.quantized.precision import (
     bits_per_element,
     check_quantized_decode,
     default_group_size,
+    head_dim_of,
     quantization_for,
+    quantization_from_record,
     storage_options,
 )
 from criticalkv.cache.quantized.storage import QuantizedStorage
@@ -24,6 +26,8 @@ __all__ = [
     "bits_per_element",
     "check_quantized_decode",
     "default_group_size",
+    "head_dim_of",
     "quantization_for",
+    "quantization_from_record",
     "storage_options",
 ]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from criticalkv.cache.quantized.codec import SUPPORTED_BITS
 from criticalkv.defaults import DEFAULT_GROUP_SIZES as DEFAULT_GROUP_SIZES
 from criticalkv.defaults import DEFAULT_RESIDUAL as DEFAULT_RESIDUAL
+from criticalkv.defaults import STORAGE_OPTIONS
+from criticalkv.defaults import UNQUANTIZED_BITS as UNQUANTIZED_BITS
 from criticalkv.options import OptionError, OptionTypeError
-
-#: ``kv_bits`` values that mean "not quantized": the model's own dtype
-UNQUANTIZED_BITS: tuple[int, ...] = (16, 32)
 
 
 @dataclass(frozen=True)
@@ -147,10 +147,20 @@ def check_quantized_decode(spec: KVQuantization | None, decode_budget: int | Non
 
 
 def storage_options(spec: KVQuantization | None) -> dict[str, Any]:
-    """The ``kv_bits``/``kv_group_size``/``kv_residual`` keywords that rebuild ``spec`` (empty: not quantized)."""
+    """The ``kv_bits``/``kv_group_size``/``kv_residual`` keywords that rebuild ``spec`` (empty: not
+    quantized), as records and file headers store them (:func:`quantization_from_record` reads them)."""
     if spec is None:
         return {}
-    return {"kv_bits": spec.bits, "kv_group_size": spec.group_size, "kv_residual": spec.residual}
+    return dict(zip(STORAGE_OPTIONS, (spec.bits, spec.group_size, spec.residual), strict=True))
+
+
+def quantization_from_record(record: Mapping[str, Any], config: Any = None) -> KVQuantization | None:
+    """The storage a record's ``kv_bits``/``kv_group_size``/``kv_residual`` fields describe (as
+    :func:`storage_options` writes them); ``None`` when ``kv_bits`` is absent, ``None``, 16 or 32."""
+    bits, group, residual = (record.get(name) for name in STORAGE_OPTIONS)
+    if bits is None or bits in UNQUANTIZED_BITS:
+        return None
+    return quantization_for(bits, group, residual, config=config)
 
 
 def bits_per_element(cache: Any) -> float | None:

@@ -217,7 +217,7 @@ class CriticalKVLM(HFLM):
                 self.spec.method.name,
                 self.spec.budget,
             )
-        info["criticalkv"] = {"pretrained": self.source, **self.spec.keywords(), **summary}
+        info["criticalkv"] = {"pretrained": self.source, **self.spec.record(), **summary}
         return info
 
 
