@@ -4,7 +4,7 @@ from criticalkv.cache.attention import ATTN_IMPLEMENTATION, criticalkv_attention
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.layer import CompressedLayer
 from criticalkv.cache.prefill import CaptureCache
-from criticalkv.cache.spec import CacheSpec, DecodeBudget, bind_spec
+from criticalkv.cache.spec import CacheSpec, DecodeBudget, PromptTooShort, bind_spec
 from criticalkv.cache.storage import Geometry, Storage
 from criticalkv.cache.storage_table import STORAGES, new_storage, storage_class
 
@@ -17,6 +17,7 @@ __all__ = [
     "CompressedLayer",
     "DecodeBudget",
     "Geometry",
+    "PromptTooShort",
     "Storage",
     "bind_spec",
     "criticalkv_attention",
