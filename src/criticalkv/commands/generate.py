@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--question is empty")
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
-    extra: dict[str, int] = {}
+    extra: dict[str, Any] = {}
     if args.min_new_tokens is not None:
         if not 0 <= args.min_new_tokens <= args.max_new_tokens:
             raise UsageError("--min-new-tokens must be between 0 and --max-new-tokens")
