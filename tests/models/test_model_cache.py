@@ -38,12 +38,12 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     folder = tmp_path / "cache"
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(folder))
     monkeypatch.delenv("CRITICALKV_VERIFY_CACHE", raising=False)
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: None)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systemp"))  # the "system temp folder"
     (tmp_path / "systemp").mkdir()
     (folder / "gguf").mkdir(parents=True)
     (folder / "gguf" / GGUF_NAME).write_bytes(b"stand-in")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
     return folder
 
 
@@ -56,7 +56,7 @@ def conversions(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list[bytes]:
         calls.append(path.read_bytes())
         return _tiny_llama(), _word_tokenizer()
 
-    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
+    monkeypatch.setattr(ckv_default_model, "load_default_from_gguf", fake_load)
     return calls
 
 
@@ -134,7 +134,7 @@ def test_a_failed_load_triggers_a_full_check(
     stat = _weights().stat()
     _flip_a_data_byte(_weights())
     os.utime(_weights(), ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    real = ckv_loading._load_checkpoint
+    real = ckv_loading.load_checkpoint
     attempts: list[Path] = []
 
     def load_once_failing(source: Path, *args: Any, **kwargs: Any) -> Any:
@@ -143,7 +143,7 @@ def test_a_failed_load_triggers_a_full_check(
             raise OSError("simulated read error")
         return real(source, *args, **kwargs)
 
-    monkeypatch.setattr(ckv_loading, "_load_checkpoint", load_once_failing)
+    monkeypatch.setattr(ckv_loading, "load_checkpoint", load_once_failing)
     load_model(DEFAULT_MODEL)
     assert len(attempts) == 2
     assert len(conversions) == 2  # the full check found the flipped byte and rebuilt the folder
@@ -157,7 +157,7 @@ def test_a_load_error_on_intact_files_is_not_hidden(
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise OSError("simulated read error")
 
-    monkeypatch.setattr(ckv_loading, "_load_checkpoint", failing)
+    monkeypatch.setattr(ckv_loading, "load_checkpoint", failing)
     with pytest.raises(OSError, match="simulated read error"):
         load_model(DEFAULT_MODEL)
     assert len(conversions) == 1
@@ -247,7 +247,7 @@ def test_a_damaged_installed_gguf_is_passed_over(
     installed = cache.parent / "site" / GGUF_NAME
     installed.parent.mkdir()
     installed.write_bytes(b"damaged")
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: installed)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: installed)
     with caplog.at_level(logging.WARNING, logger="criticalkv"):
         load_model(DEFAULT_MODEL)
     assert conversions == [b"stand-in"]  # the cached good copy, not the installed damaged one
@@ -263,7 +263,7 @@ def test_a_fetched_wheel_that_is_not_a_zip_is_reported(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ckv_gguf.subprocess, "run", run)
     with pytest.raises(RuntimeError, match="not a zip file"):
-        ckv_gguf._find_gguf()
+        ckv_gguf.find_gguf()
     assert list((cache / "gguf").iterdir()) == []
     assert _staging_entries(cache) == []
 
@@ -327,13 +327,13 @@ def test_a_truncated_real_conversion_is_rebuilt_and_loads_identically(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Convert the real GGUF file into a fresh cache, cut the weights in half, load again."""
-    gguf, _ = ckv_gguf._find_gguf()  # the installed or cached file, as the other slow tests use it
+    gguf, _ = ckv_gguf.find_gguf()  # the installed or cached file, as the other slow tests use it
     cache = tmp_path / "cache"
     (cache / "gguf").mkdir(parents=True)
     shutil.copyfile(gguf, cache / "gguf" / GGUF_NAME)
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(cache))
     monkeypatch.delenv("CRITICALKV_VERIFY_CACHE", raising=False)
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: None)
     model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
     ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():

@@ -39,8 +39,8 @@ from criticalkv.models import default_model as dm, gguf, load_model
 from tests.models.test_models import _tiny_llama, _word_tokenizer
 
 mode, log = sys.argv[1], Path(sys.argv[2])
-gguf._installed_gguf = lambda: None
-gguf._GGUF_SHA256 = hashlib.sha256(b"stand-in").hexdigest()
+gguf.installed_gguf = lambda: None
+gguf.GGUF_SHA256 = hashlib.sha256(b"stand-in").hexdigest()
 
 def fake_load(path):
     with log.open("a") as handle:
@@ -48,7 +48,7 @@ def fake_load(path):
     time.sleep(2.0)  # a conversion takes a while: long enough for the other process to try too
     return _tiny_llama(), _word_tokenizer()
 
-dm._load_default_from_gguf = fake_load
+dm.load_default_from_gguf = fake_load
 if mode == "kill":
     def hang(folder, record):
         print("written", flush=True)
@@ -67,17 +67,17 @@ print("done", flush=True)
 def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     folder = tmp_path / "cache"
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(folder))
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: None)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systemp"))  # the "system temp folder"
     (tmp_path / "systemp").mkdir()
     (folder / "gguf").mkdir(parents=True)
     (folder / "gguf" / GGUF_NAME).write_bytes(b"stand-in")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
 
     def fake_load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
         return _tiny_llama(), _word_tokenizer()
 
-    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
+    monkeypatch.setattr(ckv_default_model, "load_default_from_gguf", fake_load)
     return folder
 
 
@@ -93,7 +93,7 @@ def _child(mode: str, log: Path, cache: Path) -> subprocess.Popen[str]:
 
 
 def _make_old(path: Path) -> None:
-    old = time.time() - ckv_staging._STALE_AFTER_S - 60
+    old = time.time() - ckv_staging.STALE_AFTER_S - 60
     os.utime(path, (old, old))
 
 
@@ -156,7 +156,7 @@ def test_a_killed_conversion_is_cleaned_at_the_next_start(
         orphan = [n for n in _staging_entries(cache) if not n.endswith(".lock")]
         assert len(orphan) == 1 and orphan[0].startswith("convert-")
         assert (cache / "staging" / orphan[0] / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
-        assert ckv_staging._clean_stale() == []  # its owner is alive: never removed
+        assert ckv_staging.clean_stale() == []  # its owner is alive: never removed
         assert orphan[0] in _staging_entries(cache)
     finally:
         child.send_signal(signal.SIGKILL)
@@ -189,7 +189,7 @@ def test_leftovers_without_a_lock_are_removed_only_when_old(cache: Path) -> None
         _make_old(path)
     fresh_legacy = Path(tempfile.gettempdir()) / "criticalkv-wheel-now"
     fresh_legacy.mkdir()
-    removed = ckv_staging._clean_stale()
+    removed = ckv_staging.clean_stale()
     assert sorted(removed) == sorted([old, lone_lock, *legacy])
     assert _staging_entries(cache) == ["convert-2-young"]
     assert fresh_legacy.exists()
