@@ -272,17 +272,6 @@ def test_a_library_or_folder_others_can_change_is_refused(
     assert os.path.lexists(library)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import make_tiny
-    from tests.helpers.tiny_tokenizer import char_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model-kernel")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def test_the_command_line_says_kernel_c_is_unavailable_in_one_line(
     kernels: Path, tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
