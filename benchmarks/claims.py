@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from criticalkv.analysis.store import RESULTS_FILE, ResultsLog, read_run_config
+from criticalkv.analysis.results_log import RESULTS_FILE, ResultsLog, read_run_config
 from criticalkv.eval.report import LEVEL, MIN_PAIRED_SAMPLES, RESAMPLES, SEED, by_config, paired_difference
 from criticalkv.eval.store import current_results, read_results
 

@@ -25,6 +25,7 @@ on the CPU; on an accelerator some are loosened by :func:`tolerance`, with the r
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,6 +140,17 @@ def tiny_model(request: pytest.FixtureRequest) -> PreTrainedModel:
 @pytest.fixture(scope="session")
 def tiny_llama() -> PreTrainedModel:
     return make_tiny("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a saved tiny Llama and the character tokenizer: a model the CLI loads by path."""
+    from tests.helpers.tiny_tokenizer import char_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny("llama").save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
 
 
 def padded_batch(

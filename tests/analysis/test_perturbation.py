@@ -26,9 +26,9 @@ from criticalkv.analysis import (
     perturbation_bound,
     recording_queries,
 )
-from criticalkv.analysis import runner as runner_module
-from criticalkv.analysis.runner import Config, check_budgets, comparison_configs, critical_variant
-from criticalkv.analysis.store import ResultsLog
+from criticalkv.analysis import experiment as runner_module
+from criticalkv.analysis.experiment import Config, check_budgets, comparison_configs, critical_variant
+from criticalkv.analysis.results_log import ResultsLog
 from criticalkv.cli import main
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, VOCAB, make_tiny, padded_batch
@@ -475,7 +475,7 @@ def test_command_on_the_default_model(tmp_path: Path) -> None:
 
 
 def test_a_perturbation_folder_has_one_writer(tmp_path: Path) -> None:
-    from criticalkv.analysis.runner import RunSpec, run_perturbation
+    from criticalkv.analysis.experiment import RunSpec, run_perturbation
     from criticalkv.runs import FolderBusy, writer_lock
 
     out = tmp_path / "perturbation"

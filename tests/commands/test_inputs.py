@@ -28,14 +28,6 @@ LIMIT = 1024  # the tiny models' max_position_embeddings
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def scores_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic_head_scores(make_tiny("llama")).save(tmp_path_factory.mktemp("scores") / "scores.json")
 

@@ -12,7 +12,7 @@ from matplotlib.container import ErrorbarContainer
 
 from criticalkv.analysis.aggregate import aggregate
 from criticalkv.analysis.plots import curves_figure
-from criticalkv.analysis.store import ResultsLog
+from criticalkv.analysis.results_log import ResultsLog
 from criticalkv.eval.demo import DEMO_METHODS
 from criticalkv.eval.demo import figure as demo_figure
 from criticalkv.eval.report import AVERAGE, budget_figure, tasks_figure

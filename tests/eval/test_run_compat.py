@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from criticalkv.analysis.store import ResultsLog, check_run_config, read_run_config
+from criticalkv.analysis.results_log import ResultsLog, check_run_config, read_run_config
 from criticalkv.eval import store
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS
 from criticalkv.eval.sweep import SweepConfig, runner

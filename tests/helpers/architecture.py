@@ -7,7 +7,7 @@ so that ``tests/repo/test_architecture.py`` can run it on ``src/criticalkv`` and
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -459,3 +459,80 @@ def outside_face_violations(root: Path, parent: str) -> list[str]:
     """Imports by code outside ``parent`` (e.g. ``criticalkv.eval``) of a module inside one of its
     rooms: outside code imports a room's face (its ``__init__``); rooms inside may use each other."""
     return [line for line in face_violations(root, parent) if not line.startswith(parent + ".")]
+
+
+def shared_file_names(root: Path, allowed: Mapping[str, Collection[str]]) -> list[str]:
+    """File names (``__init__.py`` aside) that several modules of the package share, unless every
+    module holding the name is one ``allowed[name]`` lists (the same concept in parallel rooms)."""
+    names: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, set()).add(module_name(root, path))
+    return [
+        f"{name}: {', '.join(sorted(modules))}"
+        for name, modules in sorted(names.items())
+        if len(modules) > 1 and not modules <= set(allowed.get(name, ()))
+    ]
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_aliases(tree: ast.AST, src: Path, package: str) -> dict[str, str]:
+    """Names a file binds to a module of ``package`` (found as a file or folder under ``src``)."""
+
+    def is_module(dotted: str) -> bool:
+        path = src.joinpath(*dotted.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == package:
+                    first = alias.name.split(".")[0]
+                    aliases[alias.asname or first] = alias.name if alias.asname else first
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == package:
+            for alias in node.names:
+                if is_module(f"{node.module}.{alias.name}"):
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _private_uses(tree: ast.AST, aliases: Mapping[str, str], package: str) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == package:
+            for alias in node.names:
+                if _is_private(alias.name):
+                    yield node.lineno, f"from {node.module} import {alias.name}"
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in aliases:
+                yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "setattr" and node.args:
+            first, name = node.args[0], node.args[1] if len(node.args) > 1 else None
+            value = name.value if isinstance(name, ast.Constant) else None
+            if isinstance(first, ast.Name) and first.id in aliases and isinstance(value, str) and _is_private(value):
+                yield node.lineno, f"setattr({first.id}, {value!r})"
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                dotted = first.value.split(".")
+                if dotted[0] == package and _is_private(dotted[-1]):
+                    yield node.lineno, f"setattr({first.value!r})"
+
+
+def private_names_in_tests(tests: Path, src: Path, package: str, allowed: Collection[str] = ()) -> list[str]:
+    """Private names (``_x``, not dunders) of ``package`` (under ``src``) that the test files under
+    ``tests`` import, read, assign or monkeypatch by name (``setattr(module, "_x", ...)``), as
+    ``path:line: use``; a ``path: use`` in ``allowed`` is passed over (a reasoned exception)."""
+    out = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = _module_aliases(tree, src, package)
+        relative = path.relative_to(tests.parent)
+        for line, use in sorted(set(_private_uses(tree, aliases, package))):
+            if f"{relative}: {use}" not in allowed:
+                out.append(f"{relative}:{line}: {use}")
+    return out

@@ -19,5 +19,5 @@ def fresh_kernel_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     test compiles (or fails to) on its own; returns the kernel folder (not yet created)."""
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CRITICALKV_KERNEL", raising=False)
-    monkeypatch.setattr(build, "_chosen", {})
+    build.forget()
     return tmp_path / "kernels"

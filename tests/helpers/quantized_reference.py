@@ -17,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from criticalkv.cache.attention import criticalkv_attention
-from criticalkv.cache.quantized.codec import quantize_dequantize
+from criticalkv.cache.quantized.codec import dequantize, quantize
 from tests.helpers.reference import KEEP, masked_attention
 
 
@@ -30,6 +30,12 @@ class Quantized:
 
 
 QUANT: contextvars.ContextVar[Quantized | None] = contextvars.ContextVar("quant", default=None)
+
+
+def quantize_dequantize(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """What ``x`` reads back as after the cache's ``quantize`` and ``dequantize`` (in ``x.dtype``)."""
+    codes, scale, zero = quantize(x, bits, dim)
+    return dequantize(codes, scale, zero, x.dtype)
 
 
 def qdq_entries(keys: torch.Tensor, values: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -421,9 +421,12 @@ def test_caches_compress_layer_defensivekv_alike_and_exactly() -> None:
     inflight = ckv.CompressedCache.for_model(model, "layer-defensivekv", 0.3, window=5)
     seen: list[int] = []
 
+    compress = inflight.compressed_layers[0].on_prefill  # the cache's own hook, shared by its layers
+    assert compress is not None
+
     def spy(layer: ckv.cache.CompressedLayer, *args: object) -> None:
         seen.append(sum(other.holds_prompt for other in inflight.compressed_layers))
-        inflight._compress_layer(layer, *args)  # type: ignore[arg-type]
+        compress(layer, *args)
 
     for layer in inflight.compressed_layers:
         layer.on_prefill = spy

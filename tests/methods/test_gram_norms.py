@@ -14,9 +14,7 @@ from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.scores.value_norms import gram_value_norms, projected_value_norms
 from criticalkv.select.critical import Critical
-from tests.conftest import make_tiny
 from tests.helpers.random_state import o_proj_weight, random_state
-from tests.helpers.tiny_tokenizer import char_tokenizer
 
 
 def _loop_l2(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -60,14 +58,6 @@ def test_critical_with_gram_keeps_what_the_direct_l2_keeps(seed: int) -> None:
 def test_gram_needs_the_l2_norm() -> None:
     with pytest.raises(ValueError, match="p=2"):
         Critical(gram=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def test_eval_runs_the_gram_spec_and_matches_the_direct_l2(

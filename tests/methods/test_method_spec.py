@@ -15,7 +15,7 @@ import criticalkv as ckv
 from criticalkv.commands.common import methods_arg
 from criticalkv.eval import store
 from criticalkv.eval.sweep import SweepConfig, run_sweep
-from criticalkv.methods.spec import format_spec, parse_spec
+from criticalkv.methods.spec_string import format_spec, parse_spec
 from tests.conftest import make_tiny
 from tests.helpers.random_state import random_state
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -23,9 +23,9 @@ def test_norm_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     assert norm_dtype("auto", fp16) is torch.float16
     assert norm_dtype("float32", bf16) is torch.float32
     assert norm_dtype("bfloat16", fp32) is torch.bfloat16
-    monkeypatch.setattr(value_norms, "_cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(value_norms, "native_cpu_bf16", lambda: True)
     assert norm_dtype("auto", fp32) is torch.bfloat16
-    monkeypatch.setattr(value_norms, "_cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(value_norms, "native_cpu_bf16", lambda: False)
     assert norm_dtype("auto", fp32) is torch.float32
 
 

@@ -7,57 +7,26 @@ converts the real GGUF file twice.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedModel
 
 from criticalkv.models import DEFAULT_MODEL, default_model_dir, load_model
-from criticalkv.models import default_model as ckv_default_model
 from criticalkv.models import gguf as ckv_gguf
 from criticalkv.models import loading as ckv_loading
-from tests.models.test_models import _fake_pip, _save, _tiny_llama, _word_tokenizer
+from tests.models.conftest import GGUF_NAME, staging_entries
+from tests.models.test_models import _fake_pip, _save, _tiny_llama
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An empty cache folder with a stand-in GGUF file whose checksum is taken as the right one."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(folder))
-    monkeypatch.delenv("CRITICALKV_VERIFY_CACHE", raising=False)
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systemp"))  # the "system temp folder"
-    (tmp_path / "systemp").mkdir()
-    (folder / "gguf").mkdir(parents=True)
-    (folder / "gguf" / GGUF_NAME).write_bytes(b"stand-in")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
-    return folder
-
-
-@pytest.fixture
-def conversions(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list[bytes]:
-    """A GGUF reader returning a tiny Llama; records the GGUF bytes of each conversion."""
-    calls: list[bytes] = []
-
-    def fake_load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-        calls.append(path.read_bytes())
-        return _tiny_llama(), _word_tokenizer()
-
-    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
-    return calls
 
 
 def _weights() -> Path:
@@ -81,11 +50,6 @@ def _flip_a_data_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _staging_entries(cache: Path) -> list[str]:
-    root = cache / "staging"
-    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-
-
 # --- a damaged converted model is rebuilt ---------------------------------------------------------
 
 
@@ -102,7 +66,7 @@ def test_truncated_weights_are_rebuilt_with_a_warning(
     assert _weights().stat().st_size == size
     assert any("model.safetensors" in r.message and "rebuilding" in r.message for r in caplog.records)
     _same_parameters(first, again)
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
     assert sorted(p.name for p in (cache / "models").iterdir()) == ["SmolLM2-135M-Instruct"]
 
 
@@ -134,7 +98,7 @@ def test_a_failed_load_triggers_a_full_check(
     stat = _weights().stat()
     _flip_a_data_byte(_weights())
     os.utime(_weights(), ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    real = ckv_loading._load_checkpoint
+    real = ckv_loading.load_checkpoint
     attempts: list[Path] = []
 
     def load_once_failing(source: Path, *args: Any, **kwargs: Any) -> Any:
@@ -143,7 +107,7 @@ def test_a_failed_load_triggers_a_full_check(
             raise OSError("simulated read error")
         return real(source, *args, **kwargs)
 
-    monkeypatch.setattr(ckv_loading, "_load_checkpoint", load_once_failing)
+    monkeypatch.setattr(ckv_loading, "load_checkpoint", load_once_failing)
     load_model(DEFAULT_MODEL)
     assert len(attempts) == 2
     assert len(conversions) == 2  # the full check found the flipped byte and rebuilt the folder
@@ -157,7 +121,7 @@ def test_a_load_error_on_intact_files_is_not_hidden(
     def failing(*args: Any, **kwargs: Any) -> Any:
         raise OSError("simulated read error")
 
-    monkeypatch.setattr(ckv_loading, "_load_checkpoint", failing)
+    monkeypatch.setattr(ckv_loading, "load_checkpoint", failing)
     with pytest.raises(OSError, match="simulated read error"):
         load_model(DEFAULT_MODEL)
     assert len(conversions) == 1
@@ -192,7 +156,7 @@ def test_other_damage_is_rebuilt(damage: str, conversions: list[bytes], cache: P
     _, tokenizer = load_model(DEFAULT_MODEL)
     assert tokenizer.eos_token_id == 2
     assert (folder / "criticalkv-source.json").is_file()
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
 
 
 def test_a_record_from_an_older_version_is_upgraded(conversions: list[bytes], cache: Path) -> None:
@@ -224,7 +188,7 @@ def test_cached_gguf_with_a_wrong_checksum_is_fetched_again(
     assert len(calls) == 1
     assert conversions == [b"stand-in"]  # only the good file was converted
     assert any("fetching it again" in r.message for r in caplog.records)
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
     assert list((cache.parent / "systemp").iterdir()) == []
 
 
@@ -238,7 +202,7 @@ def test_a_bad_gguf_that_cannot_be_fetched_again_is_not_converted(
     assert GGUF_NAME in str(info.value)
     assert conversions == []
     assert not default_model_dir().exists()
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
 
 
 def test_a_damaged_installed_gguf_is_passed_over(
@@ -247,7 +211,7 @@ def test_a_damaged_installed_gguf_is_passed_over(
     installed = cache.parent / "site" / GGUF_NAME
     installed.parent.mkdir()
     installed.write_bytes(b"damaged")
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: installed)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: installed)
     with caplog.at_level(logging.WARNING, logger="criticalkv"):
         load_model(DEFAULT_MODEL)
     assert conversions == [b"stand-in"]  # the cached good copy, not the installed damaged one
@@ -263,9 +227,9 @@ def test_a_fetched_wheel_that_is_not_a_zip_is_reported(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ckv_gguf.subprocess, "run", run)
     with pytest.raises(RuntimeError, match="not a zip file"):
-        ckv_gguf._find_gguf()
+        ckv_gguf.find_gguf()
     assert list((cache / "gguf").iterdir()) == []
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
 
 
 # --- a damaged local folder: a sentence naming the file --------------------------------------------
@@ -327,13 +291,13 @@ def test_a_truncated_real_conversion_is_rebuilt_and_loads_identically(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Convert the real GGUF file into a fresh cache, cut the weights in half, load again."""
-    gguf, _ = ckv_gguf._find_gguf()  # the installed or cached file, as the other slow tests use it
+    gguf, _ = ckv_gguf.find_gguf()  # the installed or cached file, as the other slow tests use it
     cache = tmp_path / "cache"
     (cache / "gguf").mkdir(parents=True)
     shutil.copyfile(gguf, cache / "gguf" / GGUF_NAME)
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(cache))
     monkeypatch.delenv("CRITICALKV_VERIFY_CACHE", raising=False)
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: None)
     model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
     ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -353,4 +317,4 @@ def test_a_truncated_real_conversion_is_rebuilt_and_loads_identically(
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, logits, rtol=0, atol=0)
     assert tokenizer_again("The capital of France is")["input_ids"] == ids[0].tolist()
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []

@@ -13,7 +13,7 @@ import pytest
 from criticalkv.cli import main
 from criticalkv.models import DEFAULT_MODEL, ModelCacheError, cache_dir, default_model_dir, load_model
 from criticalkv.models import converted as ckv_converted
-from tests.models.test_model_cache import GGUF_NAME, cache, conversions  # noqa: F401  (fixtures)
+from tests.models.conftest import GGUF_NAME
 from tests.models.test_models import _fake_pip
 
 
@@ -39,8 +39,8 @@ def test_a_cache_dir_that_is_a_file_is_one_sentence(
 
 
 def test_a_damaged_model_on_a_read_only_mount_exits_2(
-    conversions: list[bytes],  # noqa: F811
-    cache: Path,  # noqa: F811
+    conversions: list[bytes],
+    cache: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -60,8 +60,8 @@ def test_a_damaged_model_on_a_read_only_mount_exits_2(
 
 
 def test_a_fetch_that_fails_offline_exits_2(
-    conversions: list[bytes],  # noqa: F811
-    cache: Path,  # noqa: F811
+    conversions: list[bytes],
+    cache: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

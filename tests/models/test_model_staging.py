@@ -6,7 +6,6 @@ kill and two-process tests run real processes (``python -c``) that do the same.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
@@ -18,15 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from criticalkv.models import DEFAULT_MODEL, default_model_dir, load_model
 from criticalkv.models import default_model as ckv_default_model
 from criticalkv.models import gguf as ckv_gguf
 from criticalkv.models import staging as ckv_staging
-from tests.models.test_models import _fake_pip, _tiny_llama, _word_tokenizer
+from tests.models.conftest import GGUF_NAME, staging_entries
+from tests.models.test_models import _fake_pip
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: every test converts with the stand-in GGUF reader (a tiny Llama)
+pytestmark = pytest.mark.usefixtures("conversions")
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A process that converts the default model with the stand-in reader. argv: mode, log file.
@@ -39,8 +40,8 @@ from criticalkv.models import default_model as dm, gguf, load_model
 from tests.models.test_models import _tiny_llama, _word_tokenizer
 
 mode, log = sys.argv[1], Path(sys.argv[2])
-gguf._installed_gguf = lambda: None
-gguf._GGUF_SHA256 = hashlib.sha256(b"stand-in").hexdigest()
+gguf.installed_gguf = lambda: None
+gguf.GGUF_SHA256 = hashlib.sha256(b"stand-in").hexdigest()
 
 def fake_load(path):
     with log.open("a") as handle:
@@ -48,7 +49,7 @@ def fake_load(path):
     time.sleep(2.0)  # a conversion takes a while: long enough for the other process to try too
     return _tiny_llama(), _word_tokenizer()
 
-dm._load_default_from_gguf = fake_load
+dm.load_default_from_gguf = fake_load
 if mode == "kill":
     def hang(folder, record):
         print("written", flush=True)
@@ -63,29 +64,6 @@ print("done", flush=True)
 """
 
 
-@pytest.fixture
-def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(folder))
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "systemp"))  # the "system temp folder"
-    (tmp_path / "systemp").mkdir()
-    (folder / "gguf").mkdir(parents=True)
-    (folder / "gguf" / GGUF_NAME).write_bytes(b"stand-in")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
-
-    def fake_load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-        return _tiny_llama(), _word_tokenizer()
-
-    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
-    return folder
-
-
-def _staging_entries(cache: Path) -> list[str]:
-    root = cache / "staging"
-    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-
-
 def _child(mode: str, log: Path, cache: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "CRITICALKV_CACHE_DIR": str(cache), "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
     command = [sys.executable, "-c", _CHILD, mode, str(log)]
@@ -93,7 +71,7 @@ def _child(mode: str, log: Path, cache: Path) -> subprocess.Popen[str]:
 
 
 def _make_old(path: Path) -> None:
-    old = time.time() - ckv_staging._STALE_AFTER_S - 60
+    old = time.time() - ckv_staging.STALE_AFTER_S - 60
     os.utime(path, (old, old))
 
 
@@ -112,7 +90,7 @@ def test_a_failed_conversion_leaves_nothing(monkeypatch: pytest.MonkeyPatch, cac
         load_model(DEFAULT_MODEL)
     if expected is RuntimeError:
         assert "No space left" in str(info.value) and "CRITICALKV_CACHE_DIR" in str(info.value)
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
     assert list((cache / "models").iterdir()) == []
     assert list(Path(tempfile.gettempdir()).iterdir()) == []
     monkeypatch.undo()
@@ -134,7 +112,7 @@ def test_an_interrupted_fetch_leaves_nothing(monkeypatch: pytest.MonkeyPatch, ca
         load_model(DEFAULT_MODEL)
     assert seen["folder"].parent == cache / "staging"
     assert seen["tmpdir"].is_relative_to(seen["folder"])
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
     assert list((cache / "gguf").iterdir()) == []
     assert list(Path(tempfile.gettempdir()).iterdir()) == []
     _fake_pip(monkeypatch, b"stand-in")
@@ -153,18 +131,18 @@ def test_a_killed_conversion_is_cleaned_at_the_next_start(
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "written"
-        orphan = [n for n in _staging_entries(cache) if not n.endswith(".lock")]
+        orphan = [n for n in staging_entries(cache) if not n.endswith(".lock")]
         assert len(orphan) == 1 and orphan[0].startswith("convert-")
         assert (cache / "staging" / orphan[0] / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
-        assert ckv_staging._clean_stale() == []  # its owner is alive: never removed
-        assert orphan[0] in _staging_entries(cache)
+        assert ckv_staging.clean_stale() == []  # its owner is alive: never removed
+        assert orphan[0] in staging_entries(cache)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
         child.stdout.close()
     with caplog.at_level(logging.WARNING, logger="criticalkv"):
         load_model(DEFAULT_MODEL)
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []
     assert any("interrupted" in r.message and orphan[0] in r.message for r in caplog.records)
 
 
@@ -189,9 +167,9 @@ def test_leftovers_without_a_lock_are_removed_only_when_old(cache: Path) -> None
         _make_old(path)
     fresh_legacy = Path(tempfile.gettempdir()) / "criticalkv-wheel-now"
     fresh_legacy.mkdir()
-    removed = ckv_staging._clean_stale()
+    removed = ckv_staging.clean_stale()
     assert sorted(removed) == sorted([old, lone_lock, *legacy])
-    assert _staging_entries(cache) == ["convert-2-young"]
+    assert staging_entries(cache) == ["convert-2-young"]
     assert fresh_legacy.exists()
 
 
@@ -207,4 +185,4 @@ def test_two_processes_convert_once(cache: Path, tmp_path: Path) -> None:
     assert [out.strip().splitlines()[-1] for out in outputs] == ["done", "done"]
     assert len(log.read_text().splitlines()) == 1  # the second waited on the lock and used the result
     assert (default_model_dir() / "criticalkv-source.json").is_file()
-    assert _staging_entries(cache) == []
+    assert staging_entries(cache) == []

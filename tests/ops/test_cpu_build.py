@@ -36,7 +36,7 @@ def test_no_compiler_auto_falls_back_with_one_warning(
     kernel_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(build, "_warned", set())
+    build.forget()
     with caplog.at_level(logging.WARNING, logger=build.__name__):
         assert build.decode_kernel() is None
         assert build.decode_kernel() is None
@@ -61,7 +61,7 @@ def test_a_failing_compile_falls_back(
     fake.write_text("#!/bin/sh\necho 'broken compiler' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    monkeypatch.setattr(build, "_warned", set())
+    build.forget()
     with caplog.at_level(logging.WARNING, logger=build.__name__):
         assert build.decode_kernel() is None
     assert any("broken compiler" in r.getMessage() for r in caplog.records)
@@ -89,7 +89,7 @@ def test_without_a_compiler_decode_runs_on_the_reference_with_one_warning(
     from tests.helpers.tiny_tokenizer import char_tokenizer
 
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(build, "_warned", set())
+    build.forget()
     context = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 2
     with caplog.at_level(logging.WARNING, logger=build.__name__):
         result = ckv.generate(

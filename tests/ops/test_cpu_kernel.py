@@ -39,13 +39,13 @@ def kernel_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 def calls_of_c(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one each time the C kernel runs."""
     calls: list[int] = []
-    real = kernel._call
+    real = kernel.c_ragged_decode
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kernel, "_call", counted)
+    monkeypatch.setattr(kernel, "c_ragged_decode", counted)
     return calls
 
 
@@ -139,7 +139,7 @@ def test_inputs_it_does_not_take_go_to_the_reference(
         got = ragged_decode(**layout.inputs)
     assert calls == [] and got.dtype == dtype
     torch.testing.assert_close(got, ragged_decode_reference(**layout.inputs))
-    kernel._said.clear()
+    kernel.forget()
 
 
 def test_kernel_torch_never_compiles(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,23 +44,15 @@ int ckv_ragged_decode(char *args) {
 """
 
 
-def _forget() -> None:
-    """Drop what this process remembers of earlier loads (as a fresh process would)."""
-    build._loaded.clear()
-    build._chosen.clear()
-    build._warned.clear()
-
-
 @pytest.fixture
-def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh ``CRITICALKV_CACHE_DIR`` (its kernel folder is returned, not yet created) and
     fresh per-process caches of the build module."""
     monkeypatch.setenv("CRITICALKV_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CRITICALKV_KERNEL", raising=False)
-    monkeypatch.setattr(build, "_loaded", {})
-    monkeypatch.setattr(build, "_chosen", {})
-    monkeypatch.setattr(build, "_warned", set())
-    return tmp_path / "cache" / "kernels"
+    build.forget()
+    yield tmp_path / "cache" / "kernels"
+    build.forget()  # the next test looks again, under its own environment
 
 
 def _real_kernel(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -269,26 +261,15 @@ def test_a_library_or_folder_others_can_change_is_refused(
     assert isinstance(build.load_library(), ctypes.CDLL)
     (library,) = kernels.glob("ragged_decode-*.so")
     fix = tamper(library)
-    _forget()
+    build.forget()
     with caplog.at_level(logging.WARNING, logger=build.__name__):
         assert build.decode_kernel() is None
     assert any(fix in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
-    _forget()
+    build.forget()
     monkeypatch.setenv("CRITICALKV_KERNEL", "c")
     with pytest.raises(build.KernelUnavailable, match=fix):
         build.decode_kernel()
     assert os.path.lexists(library)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import make_tiny
-    from tests.helpers.tiny_tokenizer import char_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model-kernel")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def test_the_command_line_says_kernel_c_is_unavailable_in_one_line(
@@ -328,7 +309,7 @@ def test_a_damaged_library_in_a_folder_that_cannot_be_changed_is_refused(
     changed.write_bytes(library.read_bytes()[:-1] + b"\x01")
     changed.chmod(0o700)
     changed.replace(library)  # a new inode: the library this process has loaded is left as it is
-    _forget()
+    build.forget()
     if as_root:
         real = os.unlink
 

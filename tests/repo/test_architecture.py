@@ -20,10 +20,12 @@ from tests.helpers.architecture import (
     needs_readers,
     outside_face_violations,
     private_access,
+    private_names_in_tests,
     read_package,
     room_cycles,
     room_faces_without_all,
     script_imports,
+    shared_file_names,
     storage_namers,
     storage_probes,
     storage_subpackages,
@@ -175,42 +177,122 @@ def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> No
     )
 
 
-#: rooms whose module names say what they hold (issue 43): a file name one of their modules shares with
-#: another module of the package is one of these, the same concept in parallel rooms
-NAMED_ROOMS = ("criticalkv.cache", "criticalkv.headscores", "criticalkv.ops", "criticalkv.bench")
-PARALLEL_NAMES = {
-    "config.py": "a room's options (bench, eval, serve)",
-    "file.py": "a file format (a cache's, a head-score file's)",
-    "folder.py": "a results folder (runs', the bench's)",
-    "paged.py": "a layout's block table for the decode op (per storage; vLLM's paged blocks)",
-    "reconstruction.py": "KVzip's context reconstruction (the cache's recording layer, the runtime's pass)",
-    "report.py": "a room's report (bench, eval, analysis, the command)",
-    "rows.py": "rows decoded together (the cache's RowsCache, the runtime's step)",
-    "runner.py": "a room's run loop (bench, eval, analysis, vLLM's model runner)",
-    "spec.py": "cache/spec.py's CacheSpec (methods' and analysis' specs are step 1's to rename)",
-    "state.py": "the LayerState of a prefill (the type, the cache's builder)",
-    "storage.py": "a layer's Storage (the interface and one implementation per storage subpackage)",
+#: file names that several modules share because they hold the same concept in parallel rooms (issue 43):
+#: every module holding the name must be listed; any other module of that name is named by what it holds
+PARALLEL_NAMES: dict[str, tuple[set[str], str]] = {
+    "base.py": (
+        {"budgets.base", "scores.base", "select.base", "eval.benchmarks.base"},
+        "each room's base class (a budget, a score, a selection, a sweep benchmark)",
+    ),
+    "storage.py": (
+        {"cache.storage", "cache.layouts.storage", "cache.quantized.storage"},
+        "a layer's Storage: the interface and one implementation per storage subpackage",
+    ),
+    "paged.py": (
+        {"cache.layouts.paged", "cache.quantized.paged", "vllm.paged"},
+        "kept entries in paged blocks: each storage's block table for the decode op, vLLM's paged cache",
+    ),
+    "compress.py": ({"runtime.compress", "serve.compress"}, "compressing a prompt: the one way, the server's on it"),
+    "compressor.py": (
+        {"serve.compressor", "vllm.compressor"},
+        "each server's compressing part (ours, vLLM's)",
+    ),
+    "engine.py": ({"serve.engine", "vllm.engine"}, "each server's engine (ours; vLLM's started with the plugin)"),
+    "config.py": ({"bench.config", "eval.sweep.config", "serve.config"}, "each app room's options dataclass"),
+    "folder.py": ({"runs.folder", "bench.folder"}, "a results folder's identity file (the shared one, the bench's)"),
+    "runner.py": (
+        {"bench.runner", "eval.sweep.runner", "eval.ray.runner", "vllm.runner"},
+        "each room's run loop (bench, sweep, Ray sweep; vLLM's model runner, named as vLLM names it)",
+    ),
+    "worker.py": ({"eval.ray.worker", "vllm.worker"}, "the worker side of a framework (a Ray actor, a vLLM worker)"),
+    "dataset.py": ({"eval.tasks.dataset", "eval.benchmarks.dataset"}, "a task's samples and its sweep benchmark"),
+    "ruler.py": ({"eval.tasks.ruler", "eval.benchmarks.ruler"}, "a task's samples and its sweep benchmark"),
+    "demo.py": ({"commands.demo", "eval.demo"}, "commands/X.py is the command line's edge of X"),
+    "generate.py": ({"commands.generate", "runtime.generate"}, "commands/X.py is the command line's edge of X"),
+}
+#: shared file names of two concepts, in rooms another change edits now or with a public documented path:
+#: to be renamed (docs/changelog.md, 2026-12-06, names a recommendation for each)
+RENAME_PENDING: dict[str, tuple[set[str], str]] = {
+    "metrics.py": (
+        {"serve.metrics", "serve.routes.metrics", "eval.longbench.metrics", "eval.tasks.metrics"},
+        "the server's counters (and their route) vs answer scoring: eval/tasks/metrics.py -> scoring.py",
+    ),
+    "options.py": (
+        {"options", "eval.lmeval.options", "eval.ray.options", "vllm.options"},
+        "criticalkv.options holds OptionError (a documented path, kept); the others are integrations' options",
+    ),
+    "prompts.py": (
+        {"prompts", "serve.prompts"},
+        "criticalkv.prompts (documented) encodes prompts; serve/prompts.py -> prompt_compressions.py",
+    ),
+    "report.py": ({"commands.report", "bench.report"}, "the report command vs the bench's tables: -> bench/tables.py"),
+    "session.py": (
+        {"eval.sweep.session", "serve.session"},
+        "a sweep's hold on its folder vs a chat being answered: -> eval/sweep/folder_hold.py",
+    ),
+    "store.py": ({"eval.store", "serve.store"}, "a sweep's results folder vs stored contexts: -> eval/results.py"),
 }
 
 
-def test_modules_of_the_named_rooms_share_a_file_name_only_for_a_parallel_concept() -> None:
-    package = read_package(PACKAGE)
-    names: dict[str, list[str]] = {}
-    for module, path in package.files.items():
-        if path.name != "__init__.py":
-            names.setdefault(path.name, []).append(module)
-    shared = [
-        f"{name}: {', '.join(sorted(modules))}"
-        for name, modules in sorted(names.items())
-        if len(modules) > 1
-        and name not in PARALLEL_NAMES
-        and any(m.startswith(room + ".") for m in modules for room in NAMED_ROOMS)
-    ]
+def test_modules_share_a_file_name_only_for_a_parallel_concept() -> None:
+    allowed = {
+        name: {f"criticalkv.{m}" for m in modules} for name, (modules, _) in (PARALLEL_NAMES | RENAME_PENDING).items()
+    }
+    shared = shared_file_names(PACKAGE, allowed)
     assert not shared, report(
-        "modules of cache/, headscores/, ops/ or bench/ share a file name with another module",
-        "name the module by what it holds, or add the name to PARALLEL_NAMES if it is the same concept",
+        "modules of src/criticalkv share a file name",
+        "name the module by what it holds (analysis/run_spec.py, cache/batch/rows_cache.py), or list it in"
+        " PARALLEL_NAMES with the reason if it is the same concept in a parallel room",
         shared,
     )
+
+
+def test_shared_file_names_are_found(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {"eval/spec.py": "", "cache/spec.py": "", "analysis/spec.py": ""})
+    assert shared_file_names(root, {}) == ["spec.py: pkg.analysis.spec, pkg.cache.spec, pkg.eval.spec"]
+    assert shared_file_names(root, {"spec.py": {"pkg.analysis.spec", "pkg.cache.spec", "pkg.eval.spec"}}) == []
+    assert shared_file_names(root, {"spec.py": {"pkg.cache.spec", "pkg.eval.spec"}}) != []  # a third one is not
+
+
+#: private names of criticalkv that tests still touch, each with its reason (``path: use``)
+TEST_PRIVATE_NAMES = {
+    # a crash between writing the weights and the source record: a step no caller should be offered
+    "tests/models/test_model_staging.py: setattr(ckv_default_model, '_write_source')",
+    # tests/eval is edited by another change now: LongBench's optional jieba import and the runner's bar
+    "tests/eval/test_longbench_data.py: segment._jieba",
+    "tests/eval/test_longbench_metrics.py: segment._jieba",
+    "tests/eval/test_run_compat.py: runner._progress",
+}
+
+
+def test_tests_use_no_private_name_of_the_library() -> None:
+    found = private_names_in_tests(SRC.parent / "tests", SRC, "criticalkv", TEST_PRIVATE_NAMES)
+    assert not found, report(
+        "tests import, read or monkeypatch a _private name of criticalkv",
+        "test through public behaviour, or make the seam public and documented (build.forget(), find_gguf())",
+        found,
+    )
+
+
+def test_private_names_in_tests_are_found(tmp_path: Path) -> None:
+    write_package(tmp_path, {"cache/build.py": "_loaded = {}\n"})
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_x.py").write_text(
+        "import pkg.cache.build as b\nfrom pkg.cache import build\nfrom pkg.cache.build import _loaded, __doc__\n"
+        "from pkg import Cache\n\n"
+        "def test(monkeypatch, obj):\n    build._loaded.clear()\n    monkeypatch.setattr(b, '_loaded', {})\n"
+        "    monkeypatch.setattr('pkg.cache.build._loaded', {})\n    obj._private, Cache._x, build.__name__\n"
+    )
+    assert private_names_in_tests(tests, tmp_path, "pkg") == [
+        "tests/test_x.py:3: from pkg.cache.build import _loaded",
+        "tests/test_x.py:7: build._loaded",
+        "tests/test_x.py:8: setattr(b, '_loaded')",
+        "tests/test_x.py:9: setattr('pkg.cache.build._loaded')",
+    ]
+    assert private_names_in_tests(tests, tmp_path, "pkg", {"tests/test_x.py: build._loaded"})[1:2] == [
+        "tests/test_x.py:8: setattr(b, '_loaded')"
+    ]
 
 
 def test_no_benchmark_script_imports_another() -> None:

@@ -5,56 +5,27 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GUIDE = ROOT / "docs" / "contributing.md"
+from tests.helpers.guide import GUIDE, ROOT, copy_tree, follow, guide_steps
+
+ACTIONS = ("file", "add to the imports of", "append to")
 MATRIX = ["tests/cache/test_cache_oracle.py", "tests/methods/test_selection.py", "tests/cache/test_memory.py"]
 
 
-def guide_steps() -> list[tuple[str, str, str]]:
-    """``(action, path, code)`` of every code block that starts with a ``# file:``, ``# add to the
-    imports of:`` or ``# append to:`` line."""
-    steps = []
-    for block in re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S):
-        first, _, code = block.partition("\n")
-        match = re.fullmatch(r"# (file|add to the imports of|append to): (\S+)", first.strip())
-        if match:
-            steps.append((match.group(1), match.group(2), code))
-    return steps
-
-
-def follow(steps: list[tuple[str, str, str]], tree: Path) -> None:
-    for action, path, code in steps:
-        target = tree / path
-        if action == "file":
-            assert not target.exists(), f"the guide's new file {path} already exists"
-            target.write_text(code)
-        elif action == "append to":
-            target.write_text(target.read_text() + "\n\n" + code)
-        else:  # after the last top-level import line
-            lines = target.read_text().splitlines(keepends=True)
-            last = max(i for i, line in enumerate(lines) if line.startswith(("from ", "import ")))
-            target.write_text("".join([*lines[: last + 1], code, *lines[last + 1 :]]))
-
-
 def test_the_guide_has_the_three_steps() -> None:
-    actions = [action for action, _, _ in guide_steps()]
-    assert actions == ["file", "add to the imports of", "append to"]
+    actions = [action for action, _, _ in guide_steps(ACTIONS)]
+    assert actions == list(ACTIONS)
 
 
 @pytest.mark.slow
 def test_the_worked_example_passes_the_shared_matrix(tmp_path: Path) -> None:
-    tree = tmp_path / "tree"
-    for part in ("src", "tests"):
-        shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
-    follow(guide_steps(), tree)
+    tree = copy_tree(tmp_path / "tree")
+    follow(guide_steps(ACTIONS), tree, new="file", append="append to")
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MATRIX, "-k", "vatp"]
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=900)

@@ -16,15 +16,15 @@ import torch
 
 from criticalkv.analysis.configs import Config
 from criticalkv.analysis.drift import hidden_state_drift
-from criticalkv.analysis.perturbation import (
+from criticalkv.analysis.output_perturbation import (
     DEFAULT_CHUNK_BYTES,
     attention_weights,
     head_value_norms,
     output_perturbation,
 )
-from criticalkv.analysis.queries import recording_queries
-from criticalkv.analysis.spec import RunSpec
-from criticalkv.analysis.store import round_floats
+from criticalkv.analysis.query_recording import recording_queries
+from criticalkv.analysis.results_log import round_floats
+from criticalkv.analysis.run_spec import RunSpec
 from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.eval.tasks import make_needle_sample

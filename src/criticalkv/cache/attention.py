@@ -61,7 +61,7 @@ def criticalkv_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-    if isinstance(layer, RowsLayer):  # separate caches decoded as one batch (cache/batch/rows.py)
+    if isinstance(layer, RowsLayer):  # separate caches decoded as one batch (cache/batch/rows_cache.py)
         return layer.attend(query, scale), None
     if isinstance(layer, CompressedLayer) and layer.holds_prompt:
         out = layer.attend(query, attention_mask, scale)

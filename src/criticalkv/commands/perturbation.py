@@ -15,7 +15,7 @@ HELP = "per-head output perturbation, its bound and hidden-state drift: base met
 
 
 def _bases_arg(text: str) -> list[str]:
-    from criticalkv.analysis.runner import critical_variant
+    from criticalkv.analysis.experiment import critical_variant
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
@@ -61,8 +61,8 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from criticalkv.analysis.report import write_report
-    from criticalkv.analysis.runner import RunSpec, check_budgets, comparison_configs, run_perturbation
+    from criticalkv.analysis.experiment import RunSpec, check_budgets, comparison_configs, run_perturbation
+    from criticalkv.analysis.experiment_report import write_report
     from criticalkv.plotting import require_matplotlib
 
     require_matplotlib()  # for the heatmaps and curves, before anything is measured

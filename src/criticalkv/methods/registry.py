@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from criticalkv.methods.method import Method
-from criticalkv.methods.spec import format_spec, parse_spec
+from criticalkv.methods.spec_string import format_spec, parse_spec
 
 _REGISTRY: dict[str, Method] = {}
 #: each registered method's colour in every figure (``None``: a spare colour is picked for it)
@@ -46,7 +46,7 @@ def get_method(name: str | Method, **options: Any) -> Method:
     ``get_method("critical-adakv", precision="exact")``.
 
     ``name`` may be a spec with options, ``"critical-snapkv:eps=0:alpha=0.25"``
-    (:mod:`criticalkv.methods.spec`): the method is then named by the spec's canonical spelling.
+    (:mod:`criticalkv.methods.spec_string`): the method is then named by the spec's canonical spelling.
     """
     if isinstance(name, Method):
         method = name

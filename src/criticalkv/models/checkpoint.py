@@ -30,7 +30,7 @@ def _load_tokenizer(source: str | Path, *, label: str) -> PreTrainedTokenizerBas
     return tokenizer
 
 
-def _load_checkpoint(
+def load_checkpoint(
     source: str | Path,
     device: torch.device,
     dtype: torch.dtype | str | None,

@@ -21,7 +21,7 @@ from typing import Any
 from criticalkv.models.default_model import _SOURCE_FILE, _convert_default_model, _file_records, _write_source
 from criticalkv.models.integrity import _folder_problems, _record_problems, _safetensors_problem
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError, cache_dir, default_model_dir
-from criticalkv.models.staging import _build_lock, _clean_stale, _staging
+from criticalkv.models.staging import _build_lock, _staging, clean_stale
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _ensure_default_model(*, full: bool | None = None) -> Path:
     Path
         :func:`~criticalkv.models.default_model_dir`, holding an intact checkpoint.
     """
-    _clean_stale()
+    clean_stale()
     target = default_model_dir()
     full = _full_check_requested() if full is None else full
     present = target.exists() or target.is_symlink()

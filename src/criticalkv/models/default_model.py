@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from criticalkv.models.gguf import _WHEEL_REQUIREMENT, _fetch_instructions, _find_gguf, _gguf_cache_path
+from criticalkv.models.gguf import _WHEEL_REQUIREMENT, _fetch_instructions, _gguf_cache_path, find_gguf
 from criticalkv.models.integrity import _file_record
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError
 from criticalkv.models.staging import _staging
-from criticalkv.models.tokenizer import _IM_END_ID, _repair_tokenizer
+from criticalkv.models.tokenizer import _IM_END_ID, repair_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _set_generation_tokens(model: PreTrainedModel) -> None:
     model.config.pad_token_id = _IM_END_ID
 
 
-def _load_default_from_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_default_from_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (dense float32 weights, no quantizer left) and tokenizer that transformers reads from ``gguf``."""
     kwargs: dict[str, Any] = {"gguf_file": gguf.name}
     try:  # recent transformers: ask for plain dense weights (no GGUF kernels), so the model saves
@@ -76,13 +76,13 @@ def _load_default_from_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedToke
 def _read_default_model(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The default model read from ``gguf``, with its tokenizer repaired and generation tokens set."""
     try:
-        model, tokenizer = _load_default_from_gguf(gguf)
+        model, tokenizer = load_default_from_gguf(gguf)
     except Exception as error:
         raise ModelCacheError(
             f"could not read the default model's GGUF file {gguf}: {error}. If the file is damaged, delete "
             "it and load the default model again. " + _fetch_instructions(_gguf_cache_path())
         ) from error
-    tokenizer = _repair_tokenizer(tokenizer, _embedding_rows(model))
+    tokenizer = repair_tokenizer(tokenizer, _embedding_rows(model))
     _set_generation_tokens(model)
     return model, tokenizer
 
@@ -134,7 +134,7 @@ def _convert_default_model(target: Path) -> None:
     complete checkpoint with its source record is renamed to ``target``. The caller holds the
     build lock.
     """
-    gguf, digest = _find_gguf()
+    gguf, digest = find_gguf()
     started = time.perf_counter()
     logger.info("converting %s to a safetensors checkpoint (once)", gguf)
     model, tokenizer = _read_default_model(gguf)

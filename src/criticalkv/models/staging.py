@@ -5,8 +5,8 @@ folder ``cache_dir() / "staging" / "<purpose>-<pid>-<random>"``, never in the sy
 folder. Its owner holds an OS lock on ``<folder>.lock`` (taken before the folder exists) for as
 long as it works in it, and removes both on the way out, on success or failure. A process killed
 outright (``SIGKILL``, out of memory) cannot clean up, but the OS frees its lock, so the next
-start finds the folder unlocked and removes it (:func:`_clean_stale`). Files left by older
-versions (no lock file) are removed once they are older than :data:`_STALE_AFTER_S`.
+start finds the folder unlocked and removes it (:func:`clean_stale`). Files left by older
+versions (no lock file) are removed once they are older than :data:`STALE_AFTER_S`.
 
 :func:`_build_lock` serialises fetching and converting across processes: two processes never
 convert at once, and the second one then finds the first one's result.
@@ -30,7 +30,7 @@ from criticalkv.models.paths import _DEFAULT_MODEL_NAME, ModelCacheError, cache_
 
 logger = logging.getLogger(__name__)
 
-_STALE_AFTER_S = 10 * 60
+STALE_AFTER_S = 10 * 60
 """Age after which an unlocked leftover without a lock file of its own counts as stale."""
 
 _BUILD_LOCK_TIMEOUT_S = 30 * 60
@@ -98,7 +98,7 @@ def _age_s(path: Path) -> float:
 
 def _remove_if_unlocked(entry: Path, lock_path: Path, *, require_age: bool) -> bool:
     """Remove ``entry`` (and its lock file) if no live process holds ``lock_path``."""
-    if require_age and _age_s(entry) < _STALE_AFTER_S:
+    if require_age and _age_s(entry) < STALE_AFTER_S:
         return False
     lock = FileLock(str(lock_path))
     try:
@@ -127,7 +127,7 @@ def _legacy_leftovers() -> list[Path]:
     return found
 
 
-def _clean_stale() -> list[Path]:
+def clean_stale() -> list[Path]:
     """Remove staging folders whose owner is gone and legacy leftovers older than the grace time.
 
     Returns
@@ -151,7 +151,7 @@ def _clean_stale() -> list[Path]:
         if _remove_if_unlocked(entry, lock_path, require_age=entry.name + _LOCK_SUFFIX not in names):
             removed.append(entry)
     for leftover in _legacy_leftovers():
-        if _age_s(leftover) >= _STALE_AFTER_S:
+        if _age_s(leftover) >= STALE_AFTER_S:
             try:
                 _remove(leftover)
             except OSError as error:  # e.g. another user's file in the shared temp folder

@@ -102,7 +102,7 @@ def _rebuild_within_vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -
     return rebuilt
 
 
-def _repair_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> PreTrainedTokenizerBase:
+def repair_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> PreTrainedTokenizerBase:
     """Make the SmolLM2 tokenizer read from GGUF consistent with the model.
 
     Some ``transformers`` versions (5.2) return the GGUF tokenizer with ``<|im_start|>`` as

@@ -20,7 +20,7 @@ def decode_rows(model: Any, caches: Sequence[CompressedCache], tokens: Sequence[
     Each cache is a single-row :class:`CompressedCache` holding a compressed prompt (a fork of a
     stored context with its question appended, or a prefilled prompt); rows may differ in length,
     method and budget. The rows' projections run as one batch and each row attends over its own
-    cache (:class:`~criticalkv.cache.batch.rows.RowsCache`), so the logits of a row equal those of a
+    cache (:class:`~criticalkv.cache.batch.rows_cache.RowsCache`), so the logits of a row equal those of a
     batch-1 step on its cache alone, whichever rows decode beside it. Each cache's tail grows by
     one token.
 
@@ -46,7 +46,7 @@ def append_rows(model: Any, caches: Sequence[CompressedCache], tokens: Sequence[
     on its own cache (a fork of its stored context), right-padded to the longest and run as the
     rows of one forward. Only a row's real tokens enter its cache, at the positions that follow
     its own length, and its attention is causal over them on its own cache
-    (:class:`~criticalkv.cache.batch.rows.RowsCache`), so a row's logits equal those of a batch-1
+    (:class:`~criticalkv.cache.batch.rows_cache.RowsCache`), so a row's logits equal those of a batch-1
     :func:`~criticalkv.runtime.append_tokens` on its cache alone. Each tail grows by ``len(tokens[r])``.
 
     Returns

@@ -8,16 +8,12 @@ import torch
 
 #: precisions the projection can be computed in; ``"auto"`` is resolved by :func:`norm_dtype`
 from criticalkv.defaults import NORM_PRECISIONS as NORM_PRECISIONS
+from criticalkv.models.device import native_cpu_bf16
 
 logger = logging.getLogger(__name__)
 
 _CPU_CHUNK_BYTES = 1 << 20  # the (…, chunk, G*D) temporary stays in the L2 cache
 _DEVICE_CHUNK_BYTES = 1 << 26  # on accelerators fewer, larger launches are faster
-
-
-def _cpu_has_native_bf16() -> bool:
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def norm_dtype(precision: str, values: torch.Tensor) -> torch.dtype:
@@ -38,7 +34,7 @@ def norm_dtype(precision: str, values: torch.Tensor) -> torch.dtype:
         return dtype
     if values.dtype != torch.float32:
         return values.dtype
-    native = values.device.type == "cuda" or (values.device.type == "cpu" and _cpu_has_native_bf16())
+    native = values.device.type == "cuda" or (values.device.type == "cpu" and native_cpu_bf16())
     return torch.bfloat16 if native else torch.float32
 
 

@@ -176,13 +176,13 @@ def test_the_block_table_covers_every_stored_entry_once() -> None:
 def count_c_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the op's CPU implementation runs the C kernel."""
     calls: list[int] = []
-    real = kernel._call
+    real = kernel.c_ragged_decode
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kernel, "_call", spy)
+    monkeypatch.setattr(kernel, "c_ragged_decode", spy)
     return calls
 
 

@@ -2,7 +2,7 @@
 
 A server compresses the prompts that arrive together in one left-padded prefill (one batch of
 ``B`` rows), then decodes each answer on a cache of its own beside the others
-(:class:`~criticalkv.cache.batch.rows.RowsCache`), where answers join and leave between two steps.
+(:class:`~criticalkv.cache.batch.rows_cache.RowsCache`), where answers join and leave between two steps.
 :func:`split_rows` turns the batch into those single-row caches: each holds its row's kept
 entries only (a copy; the batch can be dropped), its logical length is its own prompt's (the
 padding columns dropped), so its next token takes the position it would have alone.

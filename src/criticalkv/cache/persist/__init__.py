@@ -1,7 +1,7 @@
-"""Saving a compressed cache and loading it back: the file format (:mod:`.file`), model and
+"""Saving a compressed cache and loading it back: the file format (:mod:`.cache_file`), model and
 tokenizer fingerprints (:mod:`.fingerprint`) and atomic writes (:mod:`.atomic_write`)."""
 
-from criticalkv.cache.persist.file import (
+from criticalkv.cache.persist.cache_file import (
     FORMAT_VERSION,
     CacheFileError,
     IncompatibleCacheError,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-from criticalkv.cache.prefill.state import DEFAULT_WINDOW, check_window, state_from_prefill
+from criticalkv.cache.prefill.state_builder import DEFAULT_WINDOW, check_window, state_from_prefill
 from criticalkv.cache.routing import announce
 from criticalkv.needs import QueriesNeeded, check_queries_needed
 from criticalkv.scores.queries import resolve_num_queries

@@ -95,9 +95,3 @@ def quantize(
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``codes * scale + zero`` computed in float32, returned in ``dtype``."""
     return (codes.float() * scale.float() + zero.float()).to(dtype)
-
-
-def quantize_dequantize(x: torch.Tensor, bits: int, dim: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """What ``x`` reads back as after :func:`quantize` and :func:`dequantize` (in ``x.dtype``)."""
-    codes, scale, zero = quantize(x, bits, dim, valid)
-    return dequantize(codes, scale, zero, x.dtype)

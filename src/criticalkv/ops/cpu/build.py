@@ -243,6 +243,14 @@ _warned: set[str] = set()
 _chosen: dict[tuple[str | None, ...], ctypes.CDLL | str] = {}  # environment -> load_library()'s answer
 
 
+def forget() -> None:
+    """Forget the libraries this process loaded, the kernel it chose and the warnings it gave, as a
+    fresh process would (the next :func:`decode_kernel` looks again)."""
+    _loaded.clear()
+    _chosen.clear()
+    _warned.clear()
+
+
 def decode_kernel() -> ctypes.CDLL | None:
     """The C decode kernel to use, per ``CRITICALKV_KERNEL``: the library, or ``None`` for the
     op's torch reference (``auto`` logs one warning per reason when the C kernel cannot be had).

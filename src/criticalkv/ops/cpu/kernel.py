@@ -16,6 +16,7 @@ import logging
 
 import torch
 
+from criticalkv.ops.cpu import build
 from criticalkv.ops.cpu.args import DecodeArgs
 from criticalkv.ops.cpu.build import decode_kernel
 from criticalkv.ops.ragged_decode import ragged_decode
@@ -23,6 +24,13 @@ from criticalkv.ops.reference import OUTSIDE_POOL, check_entry_starts, check_lay
 
 logger = logging.getLogger(__name__)
 _said: set[str] = set()
+
+
+def forget() -> None:
+    """Forget what this process remembers of the CPU kernel (:func:`build.forget`) and the reasons
+    already logged for using the torch reference, as a fresh process would."""
+    build.forget()
+    _said.clear()
 
 
 def unsupported(

@@ -5,7 +5,7 @@ compressed by every (method, budget). Per layer and query head it measures, over
 observation-window queries and over the decode queries of the teacher-forced gold answer:
 
 * the head-output perturbation ``||o - o_hat||_1``, the kept mass ``sigma`` and the bound
-  ``theta`` (:mod:`criticalkv.analysis.perturbation`, :mod:`criticalkv.analysis.bound`);
+  ``theta`` (:mod:`criticalkv.analysis.output_perturbation`, :mod:`criticalkv.analysis.bound`);
 * the final-layer hidden-state drift over the answer tokens, decoded through the compressed
   cache versus the full one (:mod:`criticalkv.analysis.drift`).
 
@@ -14,9 +14,9 @@ their attention ``A`` is the softmax over the prompt keys only, the part of the 
 compression touches (appended tokens are never evicted).
 
 One JSON line per (sample, method, budget) is appended to ``results.jsonl`` as soon as a sample
-is done; a re-run skips what is on disk (:class:`criticalkv.analysis.store.ResultsLog`).
+is done; a re-run skips what is on disk (:class:`criticalkv.analysis.results_log.ResultsLog`).
 
-The parts: :mod:`~criticalkv.analysis.configs` (what is compared), :mod:`~criticalkv.analysis.spec`
+The parts: :mod:`~criticalkv.analysis.configs` (what is compared), :mod:`~criticalkv.analysis.run_spec`
 (what a folder measures), :mod:`~criticalkv.analysis.measure` (one sample); this module runs them
 over the samples of a folder.
 """
@@ -41,9 +41,9 @@ from criticalkv.analysis.configs import (
     critical_variant,
 )
 from criticalkv.analysis.measure import BOUND_ATOL, BOUND_RTOL, measure_sample
-from criticalkv.analysis.perturbation import DEFAULT_CHUNK_BYTES
-from criticalkv.analysis.spec import RunSpec
-from criticalkv.analysis.store import RESULTS_FILE, ResultsLog, check_run_config
+from criticalkv.analysis.output_perturbation import DEFAULT_CHUNK_BYTES
+from criticalkv.analysis.results_log import RESULTS_FILE, ResultsLog, check_run_config
+from criticalkv.analysis.run_spec import RunSpec
 from criticalkv.budgets.resolve import Budget
 from criticalkv.runs import DEFAULT_WAIT, writer_lock
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from criticalkv.analysis.aggregate import HEAD_MEASURES, QUERY_SETS, GroupStats, PairStats, aggregate
 from criticalkv.analysis.plots import plot_curves, plot_heatmaps
-from criticalkv.analysis.store import RESULTS_FILE, ResultsLog, read_run_config
+from criticalkv.analysis.results_log import RESULTS_FILE, ResultsLog, read_run_config
 
 logger = logging.getLogger(__name__)
 
