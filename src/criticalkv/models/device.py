@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from criticalkv.hardware import native_cpu_bf16 as native_cpu_bf16
+
 DeviceMap = str | dict[str, Any]
 """A ``device_map`` for ``from_pretrained``: ``"auto"``, ``"balanced"``, ``"sequential"``, ... or a dict."""
 
@@ -34,17 +36,6 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was requested but CUDA is not available; use device='cpu'.")
     return resolved
-
-
-def native_cpu_bf16() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX512_BF16 or AMX), where torch's bf16
-    matmuls beat float32; elsewhere (AVX2, AVX-512 without bf16) they are emulated and slower.
-
-    Measured for the default model in docs/performance.md ("bfloat16 on the CPU"): a 4K prefill
-    2.3-2.6x faster than float32 with AMX, 2-4x slower on an AVX2-only CPU, at the same fidelity.
-    """
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def _default_dtype(device: torch.device, checkpoint_dtype: Any) -> torch.dtype:

@@ -8,7 +8,7 @@ import torch
 
 #: precisions the projection can be computed in; ``"auto"`` is resolved by :func:`norm_dtype`
 from criticalkv.defaults import NORM_PRECISIONS as NORM_PRECISIONS
-from criticalkv.models.device import native_cpu_bf16
+from criticalkv.hardware import native_cpu_bf16
 
 logger = logging.getLogger(__name__)
 
