@@ -13,6 +13,8 @@ from typing import Any
 import uvicorn
 
 from criticalkv import attach
+from criticalkv.cache import CacheSpec
+from criticalkv.defaults import SPEC_OPTIONS
 from criticalkv.serve import Engine, ServerConfig, build_app
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -35,11 +37,13 @@ def free_port() -> int:
 
 
 def server_config(store: Path, **overrides: object) -> ServerConfig:
+    """The test server's settings; the cache's options (``method``, ``budget``, ``window``, the
+    storage's) among ``overrides`` build its default :class:`CacheSpec` (with :meth:`CacheSpec.of`)."""
+    cache: dict[str, object] = dict(method="critical-adakv", budget=BUDGET, window=WINDOW)
+    cache.update({name: overrides.pop(name) for name in SPEC_OPTIONS if name in overrides})
     settings: dict[str, object] = dict(
         model_name="tiny",
-        method="critical-adakv",
-        budget=BUDGET,
-        window=WINDOW,
+        spec=CacheSpec.of(**cache),  # type: ignore[arg-type]
         methods=("snapkv",),
         max_new_tokens=MAX_NEW,
         memory_cap_bytes=200_000,

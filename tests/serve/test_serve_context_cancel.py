@@ -29,9 +29,9 @@ class Gate:
         self.reached, self.hold = 0, hold
         self.entered, self.released = threading.Event(), threading.Event()
         self.saw_request = False
-        self.handle = engine.model.get_decoder().layers[layer].register_forward_pre_hook(self._hook)
+        self.handle = engine.model.get_decoder().layers[layer].register_forward_pre_hook(self.hook)
 
-    def _hook(self, _module: Any, _args: Any) -> None:
+    def hook(self, _module: Any, _args: Any) -> None:
         if threading.current_thread().name != COMPRESSOR:
             return
         self.reached += 1

@@ -26,9 +26,9 @@ class SlowSteps:
     def __init__(self, engine: Engine, pause: float = 0.2) -> None:
         self.forwards, self.pause = 0, pause
         self.started = threading.Event()
-        self.handle = engine.model.get_decoder().layers[0].register_forward_pre_hook(self._hook)
+        self.handle = engine.model.get_decoder().layers[0].register_forward_pre_hook(self.hook)
 
-    def _hook(self, _module: Any, _args: Any) -> None:
+    def hook(self, _module: Any, _args: Any) -> None:
         if threading.current_thread().name != WORKER:
             return
         self.forwards += 1

@@ -49,9 +49,9 @@ class Gate:
         self.reached, self.entered, self.released = 0, threading.Event(), threading.Event()
         self.closed = True
         decoder = engine.model.get_decoder()
-        self.handle = decoder.layers[layer].register_forward_pre_hook(self._hook)
+        self.handle = decoder.layers[layer].register_forward_pre_hook(self.hook)
 
-    def _hook(self, _module: Any, _args: Any) -> None:
+    def hook(self, _module: Any, _args: Any) -> None:
         if threading.current_thread().name != COMPRESSOR:
             return
         self.reached += 1

@@ -17,8 +17,10 @@ import torch
 
 import criticalkv
 from criticalkv import CompressedCache, attach
+from criticalkv.cache import CacheSpec
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
+from criticalkv.methods import get_method
 from criticalkv.runtime import append_rows, decode_rows, prefill_into, repeat_prompt
 from criticalkv.serve import Engine
 from criticalkv.serve.compress import compress
@@ -133,19 +135,20 @@ def test_rows_on_quantized_contexts_decode_together(server: tuple[str, Engine], 
 @pytest.mark.parametrize("on_context", [True, False])
 def test_a_quantized_answer_holds_no_more_than_its_reserve(reference: tuple, on_context: bool) -> None:
     model, tokenizer = reference
-    spec = KVQuantization(BITS, group_size=16, residual=4)  # small blocks: the tail quantizes as it grows
+    storage = KVQuantization(BITS, group_size=16, residual=4)  # small blocks: the tail quantizes as it grows
+    spec = CacheSpec(get_method("critical-adakv"), BUDGET, WINDOW, storage=storage)
     repeat = repeat_prompt(tokenizer)
     text = [int(t) for t in tokenizer(document(5), add_special_tokens=False)["input_ids"]]
     question, max_tokens = [5, 6, 7, 8, 9, 10, 11], 60
-    stored, logits = compress(model, text, "critical-adakv", BUDGET, WINDOW, spec, repeat)
+    stored, logits = compress(model, text, spec, repeat)
     if on_context:
-        work = ChatWork(question, "ctx", "critical-adakv", BUDGET, WINDOW, max_tokens, 0, 0.0)
+        work = ChatWork(question, "ctx", spec, max_tokens, 0, 0.0)
         cache, base = stored.fork(), stored.kv_bytes()
         logits = append_rows(model, [cache], [question])[0]
     else:
-        work = ChatWork(text, None, "critical-adakv", BUDGET, WINDOW, max_tokens, 0, 0.0)
+        work = ChatWork(text, None, spec, max_tokens, 0, 0.0)
         cache, base = stored, 0
-    reserve = answer_reserve(model, spec, work, token_bytes(model))
+    reserve = answer_reserve(model, work.spec.storage, work, token_bytes(model))
     held = [cache.kv_bytes() - base]
     for _ in range(max_tokens - 1):
         logits = decode_rows(model, [cache], [int(logits.argmax())])[0]

@@ -18,7 +18,7 @@ import openai
 import pytest
 import torch
 
-from criticalkv import CompressedCache, attach
+from criticalkv import CacheSpec, CompressedCache, attach
 from criticalkv.cli import main
 from criticalkv.runtime import prefill_into
 from criticalkv.serve.errors import APIError
@@ -40,7 +40,7 @@ def test_a_store_finds_contexts_another_stored_and_forgets_deleted_ones(tmp_path
     ids, mask = padded_batch([40], seed=5)
     cache = CompressedCache.for_model(model, "critical-adakv", 0.4, window=8)
     prefill_into(model, cache, ids, mask)
-    entry = first.add(cache, 40, "critical-adakv", 0.4, 8)
+    entry = first.add(cache, 40, CacheSpec.of("critical-adakv", 0.4, 8))
     assert second.has(entry.id)  # second started before the context existed
     assert second.info(entry.id)["tokens"] == 40
     _, loaded = second.get(entry.id)

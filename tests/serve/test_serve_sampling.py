@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from criticalkv.serve import Engine
-from criticalkv.serve.sampling import Sampling, TokenChooser, top_p_keep
+from criticalkv.serve.sampling import Sampling, TokenChooser, nucleus
 from criticalkv.serve.stops import StopText
 from tests.helpers.serve_helpers import MAX_NEW, document, live_server, metric, server_config
 from tests.serve.test_serve import client, create, expected, reference  # noqa: F401 (a fixture)
@@ -194,7 +194,10 @@ probabilities = st.lists(st.floats(0.001, 1.0), min_size=1, max_size=30).map(
 @settings(max_examples=200, deadline=None)
 @given(probs=probabilities, top_p=st.floats(1e-6, 1.0))
 def test_top_p_keeps_the_smallest_prefix_reaching_p(probs: torch.Tensor, top_p: float) -> None:
-    keep = top_p_keep(probs, top_p)
+    ids, values = nucleus(probs, top_p)
+    assert torch.equal(values, probs[ids])  # each kept token with its probability
+    keep = torch.zeros(probs.shape, dtype=torch.bool)
+    keep[ids] = True
     assert keep[probs == probs.max()].any()  # the argmax (one of them, if tied) is kept
     kept, dropped = probs[keep], probs[~keep]
     if len(dropped):

@@ -33,7 +33,7 @@ def _store_two(folder: Path, one_in_memory: bool = False) -> tuple[ContextStore,
         caches.append(cache)
     cap = max(c.kv_bytes() for c in caches) + 1 if one_in_memory else 10**9
     store = ContextStore(folder, cap, model, tokenizer)
-    ids = [store.add(cache, 30, "snapkv", 0.5, 4).id for cache in caches]
+    ids = [store.add(cache, 30, ckv.CacheSpec.of("snapkv", 0.5, 4)).id for cache in caches]
     return store, ids[0], ids[1]
 
 

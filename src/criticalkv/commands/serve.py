@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.commands.cache_options import add_cache_arguments, cache_options
+from criticalkv.commands.cache_options import add_cache_arguments, spec_from_args
 from criticalkv.commands.common import (
     UsageError,
     add_model_arguments,
@@ -96,12 +96,9 @@ def run(args: argparse.Namespace) -> int:
     _check_limits(args)
     if args.store is not None:
         output_folder(args.store, "--store")  # a file or a read-only mount: a sentence, not a traceback
-    storage = cache_options(args)
     config = ServerConfig(
         model_name=args.model,
-        method=args.method,
-        budget=args.budget,
-        window=args.window,
+        spec=spec_from_args(args, args.method, args.budget, args.window),  # the server's default cache
         methods=tuple(args.methods),
         min_budget=args.min_budget,
         max_window=args.max_window,
@@ -116,13 +113,9 @@ def run(args: argparse.Namespace) -> int:
         prefill_gather_s=args.prefill_gather_ms / 1000,
         store=args.store,
         api_key=api_key,
-        kv_bits=storage["kv_bits"] or 16,
-        kv_group_size=storage["kv_group_size"],
-        kv_residual=storage["kv_residual"],
     )
     try:
-        config.compression(None, None, None)  # the defaults must lie within the limits
-        config.quantization()  # and the storage options must be valid (the head dimension is checked at load)
+        config.spec_for(None, None, None)  # the defaults must lie within the limits
     except APIError as error:
         raise UsageError(error.message) from error
     if args.ray:

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from criticalkv.cache import CacheSpec
 from criticalkv.serve.cancel import Progress
 from criticalkv.serve.errors import APIError
 from criticalkv.serve.session import Channel
@@ -29,14 +30,13 @@ class PendingContexts:
         self,
         context_id: str,
         tokens: int,
-        method: str,
-        budget: float,
-        window: int,
+        spec: CacheSpec,
         progress: Progress,
         channel: Channel,
     ) -> dict[str, Any]:
         entry = {"id": context_id, "object": "context", "status": "compressing", "tokens": tokens}
-        entry.update(method=method, budget=budget, window=window, created=int(time.time()), kv_bytes=None)
+        entry.update(method=spec.method.name, budget=spec.budget, window=spec.window)
+        entry.update(created=int(time.time()), kv_bytes=None)
         with self._lock:
             self._entries[context_id] = {
                 **entry, "_started": time.monotonic(), "_progress": progress, "_channel": channel

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from criticalkv.methods import get_method
+from criticalkv.cache import CacheSpec, bind_spec
 from criticalkv.prompts import encode_pair
 from criticalkv.runtime import append_rows, attach, compresses_in_prefill, decode_rows, eos_ids, repeat_prompt
 from criticalkv.serve.cancel import Cancelled, Progress, cancellable
@@ -69,8 +69,8 @@ class Engine:
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: ServerConfig) -> None:
-        self.quantization = config.quantization(model.config)
         check_methods(model, config.allowed_methods())
+        bind_spec(config.spec, model)  # the storage's group size against the model's head dimension
         attach(model)
         self.model: Any = model
         self.tokenizer = tokenizer
@@ -148,13 +148,10 @@ class Engine:
             self._admitted += 1
         self.metrics.request()
 
-    def _release(self) -> None:
-        with self._admit_lock:
-            self._admitted -= 1
-
     def release(self) -> None:
         """Give back one admitted request's slot (as the worker does when an answer ends)."""
-        self._release()
+        with self._admit_lock:
+            self._admitted -= 1
 
     def admitted(self) -> int:
         """How many admitted requests hold a slot now (queued, compressing or decoding)."""
@@ -168,20 +165,20 @@ class Engine:
 
     # --- submitting work (from the event loop) -----------------------------------------------
     def submit_context(
-        self, ids: list[int], method: str, budget: float, window: int, channel: Channel, context_id: str | None = None
+        self, ids: list[int], spec: CacheSpec, channel: Channel, context_id: str | None = None
     ) -> Progress:
-        """Compress ``ids`` (a context, question-agnostic) and store it (under ``context_id``, or a
+        """Compress ``ids`` (a context, question-agnostic) as ``spec`` says and store it (under ``context_id``, or a
         new id); answers ``("done", info)``, or nothing once ``channel`` is cancelled (the client
         hung up): the prefill stops at its next layer and nothing is stored. Returns the
         compression's :class:`~criticalkv.serve.cancel.Progress`, counted as its layers end."""
-        passes = 1 if compresses_in_prefill(get_method(method)) else 2  # KVzip adds its reconstruction pass
+        passes = 1 if compresses_in_prefill(spec.method) else 2  # KVzip adds its reconstruction pass
         progress = Progress(self.model.config.num_hidden_layers * passes)
 
         def job() -> None:
             try:
                 with cancellable(channel.cancelled, progress):
-                    cache = self._compress(ids, method, budget, window)
-                entry = self.store.add(cache, len(ids), method, budget, window, context_id)
+                    cache = compress(self.model, ids, spec, self.repeat)[0]
+                entry = self.store.add(cache, len(ids), spec, context_id)
                 if channel.cancelled.is_set():  # hung up after the last layer: not kept either
                     self.store.delete(entry.id)
                 else:
@@ -189,7 +186,7 @@ class Engine:
             except Cancelled:
                 logger.info("a context's client hung up: compression stopped after %d layers", progress.layers_done)
             finally:
-                self._release()
+                self.release()
 
         self.compressor.submit(self._guard(Job(job), channel).run)  # beside the decode steps
         return progress
@@ -206,10 +203,10 @@ class Engine:
             try:
                 session.start()
             except BaseException:
-                self._release()
+                self.release()
                 raise
             if session.done:
-                self._release()
+                self.release()
                 return None
             return session
 
@@ -217,7 +214,7 @@ class Engine:
         if work.context_id is not None:
             with contextlib.suppress(APIError):  # deleted meanwhile: the job answers 404 itself
                 context_bytes = int(self.store.info(work.context_id)["kv_bytes"])
-        reserve = answer_reserve(self.model, self.quantization, work, self.token_bytes)
+        reserve = answer_reserve(self.model, work.spec.storage, work, self.token_bytes)
         self._submit(Job(job, work.context_id, context_bytes, reserve), channel)
 
     def _submit(self, job: Job, channel: Channel) -> None:
@@ -240,13 +237,10 @@ class Engine:
 
         return dataclasses.replace(job, run=guarded)
 
-    def _compress(self, ids: list[int], method: str, budget: float, window: int) -> Any:
-        return compress(self.model, ids, method, budget, window, self.quantization, self.repeat)[0]
-
     # --- the worker ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._active.extend(self.prompts.take(self._release))  # compressed prompts, first token out
+            self._active.extend(self.prompts.take(self.release))  # compressed prompts, first token out
             self._start_arrivals()
             self._drop_finished()
             if self._active:
@@ -311,7 +305,7 @@ class Engine:
         for session in finished:
             self._active.remove(session)
             session.cache = None
-            self._release()
+            self.release()
         if finished:
             self.metrics.rows(self._active, self.rows_bytes())
 

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.errors import APIError
+from criticalkv.serve.session import ChatWork
 
 #: one line per request: what uvicorn's and vLLM's users expect to read
 access_logger = logging.getLogger("criticalkv.serve.access")
@@ -147,12 +148,12 @@ def _short(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def note_access(state: object, work: object, summary: dict[str, object]) -> None:
+def note_access(state: object, work: ChatWork | None, summary: dict[str, object]) -> None:
     """What the access line says of an answer (``state``: the request's ``request.state``)."""
     ttft = summary.get("ttft_s")
     state.access = {  # type: ignore[attr-defined]
-        "method": getattr(work, "method", None),
-        "budget": getattr(work, "budget", None),
+        "method": None if work is None else work.spec.method.name,
+        "budget": None if work is None else work.spec.budget,
         "prompt_tokens": summary.get("prompt_tokens"),
         "completion_tokens": summary.get("completion_tokens"),
         "kv_bytes": summary.get("kv_bytes"),

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from criticalkv.serve.compress import check_compressible, compressible
+from criticalkv.cache import CacheSpec, PromptTooShort
+from criticalkv.serve.compress import check_compressible
 from criticalkv.serve.errors import APIError, invalid
 from criticalkv.serve.sampling import Sampling
 from criticalkv.serve.schemas import Compression
@@ -65,31 +66,34 @@ def too_long(limit: int, need: int, what: str, advice: str, param: str) -> APIEr
 
 def compression_for(
     engine: Any, tokens: int, request: Compression, param: str, what: str = "prompt", overflow: APIError | None = None
-) -> tuple[str, float, int]:
-    """The (method, budget, window) a prompt of ``tokens`` tokens is compressed with: the
-    request's options (or the server's), checked; a prompt within the window is kept whole (at
-    budget 1), and one too short to compress at the server's own defaults (a greeting, a short
-    question) is kept whole too, which costs at most window / budget tokens; a budget or window
-    the request set itself is refused instead, with the reason (a 400 naming the option, or
-    ``param`` when neither was set). A ``what`` of ``"document"`` (a context to store) is never
-    kept whole: it must hold the window and be compressible as asked. ``overflow`` (the prompt
-    does not fit the model's context) is raised once the options are checked."""
-    method, budget, window = engine.config.compression(request.method, request.budget, request.window)
+) -> CacheSpec:
+    """The spec a prompt of ``tokens`` tokens is compressed with: the request's options over the
+    server's (:meth:`~criticalkv.serve.config.ServerConfig.spec_for`), checked; a prompt within the
+    window is kept whole (at budget 1), and one too short to compress at the server's own defaults
+    (a greeting, a short question) is kept whole too, which costs at most window / budget tokens;
+    a budget or window the request set itself is refused instead, with the reason (a 400 naming
+    the option, or ``param`` when neither was set). A ``what`` of ``"document"`` (a context to
+    store) is never kept whole: it must hold the window and be compressible as asked.
+    ``overflow`` (the prompt does not fit the model's context) is raised once the options are checked."""
+    spec = engine.config.spec_for(request.method, request.budget, request.window)
     at_fault = "window" if request.window is not None else "budget" if request.budget is not None else param
-    if what == "document" and tokens < window:
+    if what == "document" and tokens < spec.window:
         raise invalid(
-            f"the document has {tokens} tokens, fewer than the observation window ({window}); "
+            f"the document has {tokens} tokens, fewer than the observation window ({spec.window}); "
             "send a longer document or a smaller window",
             param,
         )
     if overflow is not None:
         raise overflow
     if what != "document":
-        window = min(window, tokens)
-        if at_fault == param and not compressible(tokens, budget, window, engine.quantization):
-            budget = 1.0
-    check_compressible(tokens, budget, window, engine.quantization, what, at_fault)
-    return method, budget, window
+        spec = spec.replaced(window=min(spec.window, tokens))
+        if at_fault == param:
+            try:
+                spec.check_compressible(tokens, what)
+            except PromptTooShort:
+                spec = spec.replaced(budget=1.0)
+    check_compressible(spec, tokens, what, at_fault)
+    return spec
 
 
 #: how often a request waiting for a slot looks again (seconds)

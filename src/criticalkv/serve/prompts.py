@@ -180,6 +180,5 @@ def compress_sessions(sessions: list[Session]) -> list[Outcome]:
     key = sessions[0].batch_key()
     if key is None or any(session.batch_key() != key for session in sessions):
         raise ValueError("only prompts with one batch key (method, budget, window) are compressed together")
-    method, budget, window = key
     rows = [session.work.prompt_ids for session in sessions]
-    return list(compress_rows(sessions[0].engine.model, rows, method, budget, window))
+    return list(compress_rows(sessions[0].engine.model, rows, sessions[0].work.spec))

@@ -41,17 +41,17 @@ def _row_geometry(model: Any) -> tuple[int, Geometry]:
     return layers, Geometry(1, kv_heads, head_dim, model.dtype, torch.device("cpu"))
 
 
-def answer_reserve(model: Any, spec: KVQuantization | None, work: Any, per_token: int) -> int:
-    """The most KV bytes of its own an answer (a serve ``ChatWork``) may hold, as the storage it
-    will use computes it (:meth:`~criticalkv.cache.storage.Storage.tail_bytes`): a fork's tail (its
+def answer_reserve(model: Any, storage: KVQuantization | None, work: Any, per_token: int) -> int:
+    """The most KV bytes of its own an answer (a serve ``ChatWork``) may hold, as ``storage`` (its
+    spec's: ``None`` unquantized) computes it (:meth:`~criticalkv.cache.storage.Storage.tail_bytes`): a fork's tail (its
     question, appended at once, and its answer), or a prompt compressed for the request (bounded by
     the whole prompt at full precision) and its answer's tail."""
     layers, geometry = _row_geometry(model)
-    storage = storage_class(spec)
+    kind = storage_class(storage)
     prompt, answer = len(work.prompt_ids), work.max_tokens
     if work.context_id is not None:
-        return layers * storage.tail_bytes(spec, geometry, prompt, prompt + answer)
-    return per_token * prompt + layers * storage.tail_bytes(spec, geometry, 1, answer)
+        return layers * kind.tail_bytes(storage, geometry, prompt, prompt + answer)
+    return per_token * prompt + layers * kind.tail_bytes(storage, geometry, 1, answer)
 
 
 def held_bytes(rows: Sequence[Any], reserved: bool = False) -> int:

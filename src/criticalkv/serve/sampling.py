@@ -46,13 +46,6 @@ def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tens
     return ids[keep], values[keep]
 
 
-def top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """:func:`nucleus` as a boolean mask over ``probs``."""
-    keep = torch.zeros(probs.shape, dtype=torch.bool)
-    keep[nucleus(probs, top_p)[0]] = True
-    return keep
-
-
 class TokenChooser:
     """One answer's token choice: ``argmax`` when greedy, else a draw from its own generator."""
 

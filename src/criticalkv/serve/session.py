@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from criticalkv.cache import CacheSpec
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.serve.compress import batchable, compress
 from criticalkv.serve.sampling import Sampling, TokenChooser
@@ -36,13 +37,13 @@ class Channel:
 
 @dataclass
 class ChatWork:
-    """A validated chat request: a stored context and question ids, or a whole prompt's ids."""
+    """A validated chat request: a stored context and question ids, or a whole prompt's ids, and
+    ``spec``: the stored context's cache, or the one the prompt is compressed with (its window
+    within the prompt: :func:`~criticalkv.serve.prepare.compression_for`)."""
 
     prompt_ids: list[int]
     context_id: str | None
-    method: str
-    budget: float
-    window: int
+    spec: CacheSpec
     max_tokens: int
     prompt_tokens: int
     admitted_at: float
@@ -112,19 +113,16 @@ class Session:
     def compress_prompt(self) -> tuple[CompressedCache, torch.Tensor]:
         """The request's prompt compressed (question-aware) and the (V,) logits that follow it;
         touches nothing of the session, so it may run on the compression thread."""
-        work, engine = self.work, self.engine
-        window = min(work.window, len(work.prompt_ids))  # a prompt within the window is kept whole (at budget 1)
-        return compress(
-            engine.model, work.prompt_ids, work.method, work.budget, window, engine.quantization, engine.repeat
-        )
+        return compress(self.engine.model, self.work.prompt_ids, self.work.spec, self.engine.repeat)
 
     def batch_key(self) -> tuple[str, float, int] | None:
-        """What the prompts compressed in one batch with this one share (method, budget, window), or
-        ``None`` if this prompt is compressed alone (:func:`~criticalkv.serve.compress.batchable`)."""
-        work = self.work
-        if not batchable(work.method, self.engine.quantization):
+        """What the prompts compressed in one batch with this one share (its spec's method, budget
+        and window; the storage is unquantized), or ``None`` if this prompt is compressed alone
+        (:func:`~criticalkv.serve.compress.batchable`)."""
+        spec = self.work.spec
+        if not batchable(spec):
             return None
-        return work.method, work.budget, min(work.window, len(work.prompt_ids))
+        return spec.method.name, float(spec.budget), spec.window
 
     def holds_memory(self) -> bool:
         """Whether the answer holds (or, being compressed, is building) KV bytes of its own."""

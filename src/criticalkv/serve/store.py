@@ -22,6 +22,7 @@ from typing import Any
 
 from safetensors import SafetensorError
 
+from criticalkv.cache import CacheSpec
 from criticalkv.cache.compressed_cache import CompressedCache
 from criticalkv.cache.persist import IncompatibleCacheError, model_fingerprint, read_header, tokenizer_fingerprint
 from criticalkv.serve.errors import APIError, not_found
@@ -44,16 +45,14 @@ def new_id() -> str:
 
 @dataclass
 class StoredContext:
-    """One stored context: what its creation answered, and its cache while in memory."""
+    """One stored context: what its creation answered (``spec``: how it was compressed and is
+    stored), and its cache while in memory."""
 
     id: str
     tokens: int
     kv_bytes: int
-    method: str
-    budget: float
-    window: int
+    spec: CacheSpec
     created: int
-    kv_bits: int = 16  # the storage precision: 16, the model's dtype; 8 or 4, quantized
     cache: CompressedCache | None = None
     kv_bytes_full: int = 0  # what the same tokens take uncompressed, in the model's dtype
     refused: str | None = None  # why this server cannot answer it (stored for another model or tokenizer)
@@ -66,10 +65,10 @@ class StoredContext:
             "kv_bytes": self.kv_bytes,
             "kv_bytes_full": self.kv_bytes_full,
             "kv_ratio": round(self.kv_bytes / self.kv_bytes_full, 4) if self.kv_bytes_full else None,
-            "method": self.method,
-            "budget": self.budget,
-            "window": self.window,
-            "kv_bits": self.kv_bits,
+            "method": self.spec.method.name,
+            "budget": self.spec.budget,
+            "window": self.spec.window,
+            "kv_bits": self.spec.kv_bits,  # the storage precision: 16, the model's dtype; 8 or 4, quantized
             "created": self.created,
             "in_memory": self.cache is not None,
             "status": "ready",
@@ -163,10 +162,9 @@ class ContextStore:
                 logger.warning("skipping %s: its checksum is not the one recorded when it was written", path)
                 return None
             return StoredContext(
-                **{k: fields[k] for k in ("id", "tokens", "kv_bytes", "method", "budget")},
-                window=fields["window"],
+                **{k: fields[k] for k in ("id", "tokens", "kv_bytes")},
+                spec=CacheSpec.from_record({**fields, **(header.get("storage") or {})}),
                 created=fields["created"],
-                kv_bits=int((header.get("storage") or {}).get("kv_bits", 16)),
                 kv_bytes_full=int(fields.get("kv_bytes_full") or fields["tokens"] * self._full_per_token),
                 refused=self._mismatch(str(fields["id"]), header),
             )
@@ -180,6 +178,11 @@ class ContextStore:
     def info(self, context_id: str) -> dict[str, Any]:
         with self._lock:
             return self._entry(context_id).info()
+
+    def spec(self, context_id: str) -> CacheSpec:
+        """How the context ``context_id`` was compressed and is stored (a 404 if it is not here)."""
+        with self._lock:
+            return self._entry(context_id).spec
 
     def infos(self) -> list[dict[str, Any]]:
         """Every stored context's description (the folder decides, as for :meth:`info`), oldest first."""
@@ -240,13 +243,12 @@ class ContextStore:
         self,
         cache: CompressedCache,
         tokens: int,
-        method: str,
-        budget: float,
-        window: int,
+        spec: CacheSpec,
         context_id: str | None = None,
     ) -> StoredContext:
-        """Store a freshly compressed context (under ``context_id``, or a new id): on disk first,
-        then in memory (spilling others)."""
+        """Store a freshly compressed context (``spec``: its options; under ``context_id``, or a new
+        id): on disk first, then in memory (spilling others). The file's header records the storage
+        (:meth:`CompressedCache.save`), the fields the rest of :meth:`StoredContext.info`."""
         kv = cache.kv_bytes()
         if kv > self.cap_bytes:
             raise APIError(
@@ -256,8 +258,7 @@ class ContextStore:
                 param="text",
                 code="context_too_large",
             )
-        bits = 16 if cache.quantization is None else cache.quantization.bits
-        entry = StoredContext(context_id or new_id(), tokens, kv, method, budget, window, int(time.time()), bits)
+        entry = StoredContext(context_id or new_id(), tokens, kv, spec, int(time.time()))
         entry.kv_bytes_full = cache.kv_bytes_full() or tokens * self._full_per_token
         skip = ("object", "in_memory", "kv_bits", "status", "kv_ratio", "answerable")
         fields = {k: v for k, v in entry.info().items() if k not in skip}

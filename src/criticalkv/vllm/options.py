@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from criticalkv.budgets.resolve import Budget, validate_budget
+from criticalkv.budgets.resolve import Budget
 from criticalkv.budgets.uniform import Uniform
-from criticalkv.cache.prefill import DEFAULT_WINDOW, check_window
+from criticalkv.cache.prefill import DEFAULT_WINDOW
 from criticalkv.cache.spec import CacheSpec
 from criticalkv.methods import Method, available_methods, get_method
 from criticalkv.options import OptionError, OptionTypeError
@@ -76,8 +76,7 @@ class PluginOptions:
                 reason=reason,
                 supported=", ".join(supported_methods()),
             )
-        validate_budget(self.budget)
-        check_window(self.window)
+        self.spec()  # the budget and the window, checked as every cache spec is
 
     @classmethod
     def from_config(cls, additional_config: Mapping[str, Any] | None) -> PluginOptions:
@@ -101,8 +100,8 @@ class PluginOptions:
         return cls(**entry)
 
     def spec(self) -> CacheSpec:
-        """The cache spec of these options (the same parts as the transformers path)."""
-        return CacheSpec(get_method(self.method), self.budget, self.window)
+        """The cache spec of these options (the same parts as the transformers path), checked."""
+        return CacheSpec.of(self.method, self.budget, self.window)
 
     def as_config(self) -> dict[str, dict[str, Any]]:
         """These options as vLLM's ``additional_config`` holds them."""

@@ -81,9 +81,7 @@ def _stored_context_work(
     return ChatWork(
         ids,
         context_id,
-        info["method"],
-        info["budget"],
-        info["window"],
+        engine.store.spec(context_id),
         max_tokens,
         info["tokens"] + len(ids),
         admitted,
@@ -96,12 +94,12 @@ def _prompt_work(
     body: ChatRequest, engine: Engine, max_tokens: int, admitted: float, sampling: Sampling, stops: tuple[str, ...]
 ) -> ChatWork:
     """A whole conversation as one prompt, to compress with the request's (or the server's) settings."""
-    engine.config.compression(body.method, body.budget, body.window)  # the options before the tokens
+    engine.config.spec_for(body.method, body.budget, body.window)  # the options before the tokens
     ids = engine.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
     need = len(ids) + max_tokens
     overflow = _too_long(need, engine.max_positions) if need > engine.max_positions else None
-    method, budget, window = compression_for(engine, len(ids), body, "messages", overflow=overflow)
-    return ChatWork(ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling, stops)
+    spec = compression_for(engine, len(ids), body, "messages", overflow=overflow)
+    return ChatWork(ids, None, spec, max_tokens, len(ids), admitted, sampling, stops)
 
 
 def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:

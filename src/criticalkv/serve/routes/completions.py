@@ -141,10 +141,10 @@ def _work(body: CompletionRequest, engine: Engine, ids: list[int], max_tokens: i
             raise too_long(limit, need, "the prompt and max_tokens", advice, "prompt")
         return None
     overflow = too_long(limit, need, "the prompt and max_tokens", advice, "prompt") if need > limit else None
-    method, budget, window = compression_for(engine, len(ids), body, "prompt", overflow=overflow)
+    spec = compression_for(engine, len(ids), body, "prompt", overflow=overflow)
     admitted = time.perf_counter()
     return ChatWork(
-        ids, None, method, budget, window, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop),
+        ids, None, spec, max_tokens, len(ids), admitted, sampling_of(body), stops_of(body.stop),
         ignore_eos=body.ignore_eos,
     )  # fmt: skip
 

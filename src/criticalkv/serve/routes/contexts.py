@@ -31,7 +31,7 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
     """Check a document, compress it on the engine and answer its context's description (with
     ``wait`` false: answer 202 with its id at once, the compression going on in the background;
     blocking, a client that hangs up cancels it)."""
-    engine.config.compression(body.method, body.budget, body.window)  # the options first
+    engine.config.spec_for(body.method, body.budget, body.window)  # the options first
     if not body.text.strip():
         raise invalid("text is empty; send the document to compress", "text")
     ids = await asyncio.to_thread(engine.context_ids, body.text)  # a long document: off the event loop
@@ -42,21 +42,22 @@ async def _create(body: ContextCreate, request: Request, engine: Engine, pending
             "text",
             "context_length_exceeded",
         )
-    method, budget, window = compression_for(engine, len(ids), body, "text", "document", overflow)
+    spec = compression_for(engine, len(ids), body, "text", "document", overflow)
     await admit(engine)
     channel = Channel(asyncio.get_running_loop())
     if not body.wait:
         context_id = new_id()
-        progress = engine.submit_context(ids, method, budget, window, channel, context_id)
-        entry = pending.start(context_id, len(ids), method, budget, window, progress, channel)
+        progress = engine.submit_context(ids, spec, channel, context_id)
+        entry = pending.start(context_id, len(ids), spec, progress, channel)
         _BACKGROUND.add(task := asyncio.create_task(follow(channel, pending, context_id)))
         task.add_done_callback(_BACKGROUND.discard)
         return JSONResponse(entry, status_code=202)
-    engine.submit_context(ids, method, budget, window, channel)
+    engine.submit_context(ids, spec, channel)
     kind, value = await outcome_or_hang_up(channel, request)
     if kind == "error":
         raise value
-    request.state.access = {"method": method, "budget": budget, "tokens": len(ids), "kv_bytes": value["kv_bytes"]}
+    access = {"method": spec.method.name, "budget": spec.budget, "tokens": len(ids), "kv_bytes": value["kv_bytes"]}
+    request.state.access = access
     return JSONResponse(dict(value))
 
 
