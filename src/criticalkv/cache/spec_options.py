@@ -99,7 +99,7 @@ INTERVAL_WITHOUT_BUDGET = (
 
 
 def storage_without_bits(name: str) -> str:
-    """The sentence for ``kv_group_size`` or ``kv_residual`` given for storage that is not quantized."""
+    """The sentence for a storage option (the group size or the residual) given for storage that is not quantized."""
     return (
         f"<{name}> sets how <kv_bits> quantizes, and the storage is not quantized: give <kv_bits> 8 or 4 "
         f"too, or drop <{name}>"
