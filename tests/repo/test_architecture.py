@@ -165,7 +165,12 @@ def test_functions_are_short() -> None:
 
 #: where what a method needs from the prefill is read: the cache, the Needs type and compress_prompt, and
 #: the vLLM plugin's options (vLLM runs that prefill: the plugin says which needs it can capture there)
-NEEDS_READERS = ("criticalkv.cache", "criticalkv.needs", "criticalkv.runtime.compress", "criticalkv.vllm.options")
+NEEDS_READERS = (
+    "criticalkv.cache",
+    "criticalkv.needs",
+    "criticalkv.runtime.compress",
+    "criticalkv.vllm.plugin_options",
+)
 
 
 def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> None:
@@ -218,12 +223,8 @@ RENAME_PENDING: dict[str, tuple[set[str], str]] = {
         "the server's counters (and their route) vs answer scoring: eval/tasks/metrics.py -> scoring.py",
     ),
     "options.py": (
-        {"options", "eval.lmeval.options", "eval.ray.options", "vllm.options"},
+        {"options", "eval.lmeval.options", "eval.ray.options"},
         "criticalkv.options holds OptionError (a documented path, kept); the others are integrations' options",
-    ),
-    "prompts.py": (
-        {"prompts", "serve.prompts"},
-        "criticalkv.prompts (documented) encodes prompts; serve/prompts.py -> prompt_compressions.py",
     ),
     "report.py": ({"commands.report", "bench.report"}, "the report command vs the bench's tables: -> bench/tables.py"),
     "session.py": (

@@ -19,7 +19,7 @@ import pytest
 
 from criticalkv import attach
 from criticalkv.serve import Engine
-from criticalkv.serve.prompts import PromptQueue
+from criticalkv.serve.prompt_queue import PromptQueue
 from tests.conftest import make_tiny
 from tests.helpers.serve_helpers import MAX_NEW, document, live_server, metric, server_config
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from criticalkv.vllm.options import freed_blocks
 from criticalkv.vllm.paged import compacted_slots, compaction_order, gather_heads, head_blocks
+from criticalkv.vllm.plugin_options import freed_blocks
 
 
 def write(cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:

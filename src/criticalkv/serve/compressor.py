@@ -1,5 +1,5 @@
 """The compression thread: documents posted to the server, and long chat prompts
-(:mod:`~criticalkv.serve.prompts`), are compressed beside the decode steps.
+(:mod:`~criticalkv.serve.prompt_queue`), are compressed beside the decode steps.
 
 Compressing a long document or prompt is one long prefill. Run on the decode worker it would hold back
 the next token of every answer being decoded until it ends; run here, on a thread of its own

@@ -33,7 +33,7 @@ class ServerConfig:
     turn in the queue). The memory cap also bounds the batch: an answer starts only if the
     stored context it reads (counted once however many rows read it) fits beside the rows' KV
     bytes (``Engine.rows_bytes``). A chat prompt of at least ``offload_prompt_tokens`` tokens is
-    compressed on the compression thread beside the decode steps (:mod:`~criticalkv.serve.prompts`),
+    compressed on the compression thread beside the decode steps (:mod:`~criticalkv.serve.prompt_queue`),
     a shorter one on the decode worker; prompts queued together are compressed together (up to
     ``max_batch`` prompts and ``prefill_batch_tokens`` padded tokens in one prefill).
     """

@@ -4,7 +4,7 @@ Requests are admitted up to ``max_sessions`` at once (one more is a 429), queued
 worker threads, so the event loop never waits on the model. A posted document, and the prompt
 of a chat without ``context_id`` of at least ``offload_prompt_tokens`` tokens, are compressed on
 the compression thread (:class:`~criticalkv.serve.compressor.Compressor`,
-:mod:`~criticalkv.serve.prompts`), beside the decode steps, so a long prefill does not stall
+:mod:`~criticalkv.serve.prompt_queue`), beside the decode steps, so a long prefill does not stall
 the answers being decoded. The decode worker batches continuously: between two decode steps it
 takes the prompts whose compression ended (their first token), starts what arrived while fewer
 than ``max_batch`` answers are being decoded or compressed (a short prompt's prefill and first
@@ -39,7 +39,7 @@ from criticalkv.serve.config import ServerConfig
 from criticalkv.serve.conversation import conversation_ids
 from criticalkv.serve.errors import APIError, server_error
 from criticalkv.serve.metrics import Metrics
-from criticalkv.serve.prompts import PromptCompressions
+from criticalkv.serve.prompt_queue import PromptCompressions
 from criticalkv.serve.row_memory import answer_reserve, held_bytes, token_bytes
 from criticalkv.serve.session import Channel, ChatWork, Session
 from criticalkv.serve.store import ContextStore

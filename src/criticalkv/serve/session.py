@@ -93,7 +93,7 @@ class Session:
         self.context_bytes = 0  # KV bytes of the stored context the cache forks (shared with others)
         self.question: list[int] | None = None  # to append to the fork, until the answer starts
         self.reserve = 0  # the most KV bytes of its own the answer may hold (set by the engine)
-        self.compressing = False  # its prompt is on the compression thread (serve.prompts)
+        self.compressing = False  # its prompt is on the compression thread (serve.prompt_queue)
         self.first_token_s: float | None = None  # seconds from admission to the first token
 
     def start(self) -> None:

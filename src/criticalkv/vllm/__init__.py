@@ -12,7 +12,7 @@ Only :mod:`.options`, :mod:`.engine` and :mod:`.paged` import without vLLM insta
 from __future__ import annotations
 
 from criticalkv.vllm.engine import WORKER_CLS, check_engine, engine_args
-from criticalkv.vllm.options import (
+from criticalkv.vllm.plugin_options import (
     DEFAULT_VLLM_METHOD,
     PluginOptions,
     freed_blocks,

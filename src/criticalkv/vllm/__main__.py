@@ -17,7 +17,7 @@ import sys
 from criticalkv.budgets.resolve import parse_budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW
 from criticalkv.vllm.engine import WORKER_CLS
-from criticalkv.vllm.options import DEFAULT_BUDGET, DEFAULT_VLLM_METHOD, PluginOptions, supported_methods
+from criticalkv.vllm.plugin_options import DEFAULT_BUDGET, DEFAULT_VLLM_METHOD, PluginOptions, supported_methods
 
 SERVER = "vllm.entrypoints.openai.api_server"
 

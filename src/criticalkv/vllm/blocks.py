@@ -5,7 +5,7 @@ Both plug into vLLM's ``KVCacheSpecRegistry`` (written against vLLM 0.32): the w
 attention layers with :class:`EvictingAttentionSpec` (a ``FullAttentionSpec`` that also names the
 method, budget and window), and vLLM builds an :class:`EvictingManager` for them. The manager is
 vLLM's full-attention manager plus one rule: once a request's prompt is processed, the blocks of
-:func:`~criticalkv.vllm.options.freed_blocks` are freed and the null block takes their place, as
+:func:`~criticalkv.vllm.plugin_options.freed_blocks` are freed and the null block takes their place, as
 vLLM's own sliding-window managers do for the blocks a window left behind.
 """
 
@@ -19,7 +19,7 @@ from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
-from criticalkv.vllm.options import PluginOptions, freed_blocks, kept_entries
+from criticalkv.vllm.plugin_options import PluginOptions, freed_blocks, kept_entries
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from criticalkv.state import LayerState
-from criticalkv.vllm.options import PluginOptions, freed_blocks, kept_entries
 from criticalkv.vllm.paged import compacted_slots, compaction_order, gather_heads, head_blocks
+from criticalkv.vllm.plugin_options import PluginOptions, freed_blocks, kept_entries
 
 logger = logging.getLogger(__name__)
 

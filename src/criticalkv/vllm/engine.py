@@ -6,7 +6,7 @@ from typing import Any
 
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.prefill import DEFAULT_WINDOW
-from criticalkv.vllm.options import DEFAULT_BUDGET, DEFAULT_VLLM_METHOD, PluginOptions
+from criticalkv.vllm.plugin_options import DEFAULT_BUDGET, DEFAULT_VLLM_METHOD, PluginOptions
 
 #: the worker class vLLM is told to use (``--worker-cls``)
 WORKER_CLS = "criticalkv.vllm.worker.CriticalKVWorker"

@@ -19,7 +19,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 
 from criticalkv.vllm.blocks import EvictingAttentionSpec, is_full_attention
 from criticalkv.vllm.compressor import AttentionLayer, Compressor
-from criticalkv.vllm.options import PluginOptions
+from criticalkv.vllm.plugin_options import PluginOptions
 from criticalkv.vllm.projections import ProjectionView, output_projections
 
 

@@ -14,7 +14,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 from criticalkv.vllm import runner as compressing
 from criticalkv.vllm.engine import check_engine
-from criticalkv.vllm.options import PluginOptions
+from criticalkv.vllm.plugin_options import PluginOptions
 
 #: under vLLM's logger, which vLLM configures in every process it starts: the start line shows in its log
 logger = init_logger("vllm.criticalkv")
