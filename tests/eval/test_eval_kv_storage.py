@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.eval.sweep import SweepConfig
@@ -26,7 +27,8 @@ def test_the_group_in_effect_and_a_given_residual_enter_the_identity(tmp_path: P
     grouped = SweepConfig(out=tmp_path / "b", kv_bits=4, kv_group_size=8, kv_residual=4, **COMMON)  # type: ignore[arg-type]
     assert (grouped.identity()["kv_group_size"], grouped.identity()["kv_residual"]) == (8, 4)
     assert (grouped.to_json()["kv_group_size"], grouped.to_json()["kv_residual"]) == (8, 4)
-    assert grouped.quantization_options() == {"group_size": 8, "residual": 4}
+    assert grouped.cache == {"kv_bits": 4, "kv_group_size": 8, "kv_residual": 4}
+    assert grouped.spec().storage == KVQuantization(4, 8, 4)
 
 
 @pytest.mark.parametrize(
