@@ -120,6 +120,7 @@ class _SweepFields:
     def _given_cache(self) -> dict[str, Any]:
         """:attr:`cache` converted and checked (:meth:`CacheSpec.parse`), as the sweep records it: the
         storage options as given when quantized, the decode budget with the interval in effect."""
+        self.cache = dict(self.cache or {})
         unknown = sorted(set(self.cache) - set(CACHE_OPTIONS))
         if unknown:
             raise ValueError(
