@@ -106,7 +106,7 @@ def test_sweep_under_a_decode_budget_records_the_peak_and_keys_the_identity(tmp_
     held = _config(tmp_path / "held", decode_budget=10, decode_interval=4)
     assert "decode_budget" not in plain.identity() and "decode_budget" not in plain.to_json()
     assert held.identity()["decode_budget"] == 10 and held.identity()["decode_interval"] == 4
-    assert _config(tmp_path / "x", decode_budget=10).decode_interval == 64  # the default interval
+    assert _config(tmp_path / "x", decode_budget=10).cache["decode_interval"] == 64  # the default interval
     run_sweep(held, tiny, char_tokenizer())
     records = {r["method"]: r for r in store.read_results(held.out)}
     assert set(records) == {"full", "snapkv", "critical-adakv", "layer-defensivekv"}
@@ -128,7 +128,7 @@ def test_sweep_under_a_decode_budget_records_the_peak_and_keys_the_identity(tmp_
 def test_sweep_config_refuses_bad_decode_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="below the observation window"):
         _config(tmp_path / "a", decode_budget=WINDOW - 1)
-    with pytest.raises(ValueError, match="needs a decode budget"):
+    with pytest.raises(ValueError, match="re-selects under a decode budget"):
         _config(tmp_path / "b", decode_interval=8)
     with pytest.raises(ValueError, match="cannot re-select while decoding"):
         _config(tmp_path / "c", methods=["full", "h2o"], decode_budget=16)

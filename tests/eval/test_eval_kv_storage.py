@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from criticalkv.eval import store
 from criticalkv.eval.sweep import SweepConfig
@@ -26,7 +27,8 @@ def test_the_group_in_effect_and_a_given_residual_enter_the_identity(tmp_path: P
     grouped = SweepConfig(out=tmp_path / "b", kv_bits=4, kv_group_size=8, kv_residual=4, **COMMON)  # type: ignore[arg-type]
     assert (grouped.identity()["kv_group_size"], grouped.identity()["kv_residual"]) == (8, 4)
     assert (grouped.to_json()["kv_group_size"], grouped.to_json()["kv_residual"]) == (8, 4)
-    assert grouped.quantization_options() == {"group_size": 8, "residual": 4}
+    assert grouped.cache == {"kv_bits": 4, "kv_group_size": 8, "kv_residual": 4}
+    assert grouped.spec().storage == KVQuantization(4, 8, 4)
 
 
 @pytest.mark.parametrize(
@@ -102,3 +104,40 @@ def test_eval_rejects_unsupported_bits(tiny_folder: Path, tmp_path: Path, capsys
     with pytest.raises(SystemExit) as exit_:
         main(_argv(tiny_folder, tmp_path / "bad", "--kv-bits", "3"))
     assert exit_.value.code == 2 and "invalid choice: 3" in capsys.readouterr().err
+
+
+QUANTIZED_RUNS = Path(__file__).resolve().parents[2] / "docs/results/quantized-storage/defaults"
+
+
+def test_a_recorded_quantized_config_rebuilds_its_run_json() -> None:
+    """``SweepConfig(**recorded)`` (the flat keys ``run.json`` records, ``kv_group_size`` among them)
+    rebuilds the committed folder's identity and config, keys, order and values (the folders beside
+    it, recorded without a group under the older default, are refused on purpose: see
+    tests/cache/quantized/test_quant_defaults.py)."""
+    data = json.loads((QUANTIZED_RUNS / "bits8-group64" / "run.json").read_text())
+    recorded = data["runs"][-1]["config"]
+    config = SweepConfig(**{k: v for k, v in recorded.items() if k != "out"}, out=Path(recorded["out"]))
+    assert list(config.identity().items()) == list(data["identity"].items())
+    assert list(config.to_json().items()) == list(recorded.items())
+
+
+def test_the_cache_options_as_a_config_file_gives_them(tmp_path: Path) -> None:
+    """``cache=``: text converted strictly by the core (``CacheSpec.parse``), recorded as ints; a
+    value it would have to replace, or an option that is not the sweep's, refused in one sentence."""
+    text = SweepConfig(out=tmp_path / "a", cache={"kv_bits": "8", "kv_group_size": "16"}, **COMMON)  # type: ignore[arg-type]
+    flat = SweepConfig(out=tmp_path / "b", kv_bits=8, kv_group_size=16, **COMMON)  # type: ignore[arg-type]
+    assert text.cache == flat.cache == {"kv_bits": 8, "kv_group_size": 16}
+    assert text.identity() == flat.identity() and text.to_json()["kv_group_size"] == 16
+    unquantized = SweepConfig(out=tmp_path / "c", cache={"kv_bits": 16, "decode_budget": None}, **COMMON)  # type: ignore[arg-type]
+    assert unquantized.cache == {} and "kv_bits" not in unquantized.to_json()
+    with pytest.raises(ValueError, match="whole number"):
+        SweepConfig(out=tmp_path / "d", cache={"kv_bits": 8, "kv_group_size": 1.5}, **COMMON)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="budget is not a cache option of a sweep"):
+        SweepConfig(out=tmp_path / "e", cache={"budget": 0.5}, **COMMON)  # type: ignore[arg-type]
+
+
+def test_a_residual_longer_than_a_token_budget_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Each row is checked as it will run (``CacheSpec.replaced``): 64 exact tokens do not fit a
+    budget of 32 entries per head."""
+    with pytest.raises(ValueError, match=r"residual \(64 tokens\) is longer than the budget \(32 entries"):
+        SweepConfig(out=tmp_path / "r", kv_bits=8, kv_residual=64, budgets=[0.2, 32], **COMMON)  # type: ignore[arg-type]

@@ -222,7 +222,8 @@ def test_a_dataset_line_shorter_than_the_window_is_skipped_and_named(tmp_path: P
     out = tmp_path / "run"
     with caplog.at_level(logging.WARNING):
         run_sweep(_dconfig(out, data, chat=False), tiny, tok)
-    assert "d sample 2 has" in caplog.text and "smaller than the observation window (8 tokens)" in caplog.text
+    assert "d sample 2: the prompt has 12 tokens" in caplog.text
+    assert "smaller than the observation window (8 tokens)" in caplog.text
     assert {r["index"] for r in store.read_results(out)} == {1, 3}
     text, _ = build_report(out)
     assert "skipped 1 sample(s) too short for the budget and observation window (not in the table): d line 2" in text

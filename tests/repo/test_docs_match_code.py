@@ -21,10 +21,10 @@ def _section(text: str, heading: str) -> str:
 def test_lm_eval_docs_defaults_are_the_models() -> None:
     table = _section((DOCS / "lm-eval.md").read_text(encoding="utf-8"), "### `model_args`")
     documented = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", table, re.M))
-    keywords = LMEvalOptions.parse(pretrained="default").spec_keywords
-    assert documented["method"] == keywords["method"]
-    assert float(documented["budget"]) == keywords["budget"]
-    assert int(documented["window"]) == keywords["window"]
+    spec = LMEvalOptions.parse(pretrained="default").spec
+    assert documented["method"] == spec.method.name
+    assert float(documented["budget"]) == spec.budget
+    assert int(documented["window"]) == spec.window
 
 
 def test_serving_not_done_yet_lists_nothing_the_server_does() -> None:

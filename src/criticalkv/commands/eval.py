@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.commands import scale
-from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
+from criticalkv.commands.cache_options import FLAGS, add_cache_arguments
 from criticalkv.commands.common import (
     UsageError,
     add_model_arguments,
@@ -139,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str, Any]) -> Any:
-    from criticalkv.eval.sweep import SweepConfig
+    """The sweep of ``args``; its cache options as given (parsed once by the sweep, errors spelled
+    with the flags by the command line)."""
+    from criticalkv.eval.sweep import CACHE_OPTIONS, SweepConfig
 
     return SweepConfig(
         out=args.out,
@@ -155,7 +157,7 @@ def _config(args: argparse.Namespace, tasks: list[str] | None, kwargs: dict[str,
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat,
         norm_precision=args.norm_precision,
-        **cache_options(args),
+        cache={name: getattr(args, name) for name in CACHE_OPTIONS},
         qa_source=args.qa_source,
         dataset=args.dataset,
         data_dir=args.data_dir,

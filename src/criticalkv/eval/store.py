@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from criticalkv.defaults import DECODE_OPTIONS, STORAGE_OPTIONS
 from criticalkv.runs import FolderLayout, JsonLines, check_folder_path, git_commit, open_folder, read_json, versions
 from criticalkv.runs.folder import holds_results, identity_diff
 
@@ -34,15 +35,7 @@ LAYOUT = FolderLayout(
     exact=False,
     mismatch="{out} holds results of a different configuration ({diff}); use another --out",
     # in the identity only when set (folders made before them resume); never resumed without them
-    optional=(
-        "norm_precision",
-        "kv_bits",
-        "kv_group_size",
-        "kv_residual",
-        "decode_budget",
-        "decode_interval",
-        "head_scores",
-    ),
+    optional=("norm_precision", *STORAGE_OPTIONS, *DECODE_OPTIONS, "head_scores"),
     results_file="results.jsonl",
 )
 

@@ -70,7 +70,7 @@ def test_sweep_identity_records_the_group_in_effect(tmp_path: Path) -> None:
     """Left out, the identity records the bit width's default; given, the group given."""
     common: dict[str, object] = dict(tasks=["niah_single_1"], methods=["full", "snapkv"], budgets=[0.2])
     default = SweepConfig(out=tmp_path / "a", kv_bits=8, **common)  # type: ignore[arg-type]
-    assert default.identity()["kv_group_size"] == 32 and default.quantization_options() == {}
+    assert default.identity()["kv_group_size"] == 32 and default.cache == {"kv_bits": 8}
     assert SweepConfig(out=tmp_path / "b", kv_bits=4, **common).identity()["kv_group_size"] == 64  # type: ignore[arg-type]
     given = SweepConfig(out=tmp_path / "c", kv_bits=8, kv_group_size=64, **common)  # type: ignore[arg-type]
     assert given.identity()["kv_group_size"] == 64

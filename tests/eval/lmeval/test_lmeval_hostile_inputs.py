@@ -53,9 +53,22 @@ def test_the_given_values_are_the_ones_used() -> None:
 
     args = "window=7,kv_bits=8,decode_budget=40,decode_interval=3,max_length=100,budget=0.3,batch_size=2"
     options = LMEvalOptions.parse(**simple_parse_args_string(args))
-    assert options.spec_keywords["window"] == 7 and options.spec_keywords["kv_bits"] == 8
-    assert options.spec_keywords["decode_interval"] == 3 and options.spec_keywords["budget"] == 0.3
+    assert options.spec.window == 7 and options.spec.kv_bits == 8
+    assert options.spec.decode is not None and options.spec.decode.interval == 3 and options.spec.budget == 0.3
     assert options.max_length == 100 and options.batch_size == 2
+
+
+def test_model_args_take_every_cache_option() -> None:
+    """The cache options are the core's (``SPEC_OPTIONS``): ``kv_residual`` too (it was refused as unknown)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from criticalkv.cache.quantized import KVQuantization
+    from criticalkv.defaults import SPEC_OPTIONS
+    from criticalkv.eval.lmeval import MODEL_ARGS, LMEvalOptions
+
+    assert set(SPEC_OPTIONS) <= set(MODEL_ARGS)
+    options = LMEvalOptions.parse(**simple_parse_args_string("kv_bits=8,kv_group_size=16,kv_residual=4"))
+    assert options.spec.storage == KVQuantization(8, 16, 4)
 
 
 def test_the_shared_parser_refuses_every_replacement() -> None:

@@ -12,10 +12,12 @@ the two places where the model runs on a prompt differ:
 * ``loglikelihood`` (:meth:`CriticalKVLM._loglikelihood_tokens`): the context is compressed once
   (every continuation of one context shares it), then each continuation is teacher-forced on a fork.
 
-A prompt too short to compress (each head's budget, ``floor(budget * tokens)``, below the window)
-is kept whole, and counted. ``loglikelihood_rolling`` is ``HFLM``'s: disjoint windows whose
-context is one token, so each window is scored on its own tokens with nothing to compress (the
-full cache), whatever the method. With ``method=full`` the outputs and scores are ``--model hf``'s.
+A prompt the spec cannot compress (:meth:`CacheSpec.compressible
+<criticalkv.cache.CacheSpec.compressible>`: each head's budget, ``floor(budget * tokens)``, below
+the window, or an exact residual longer than it) is kept whole, and counted.
+``loglikelihood_rolling`` is ``HFLM``'s: disjoint windows whose context is one token, so each
+window is scored on its own tokens with nothing to compress (the full cache), whatever the method.
+With ``method=full`` the outputs and scores are ``--model hf``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from lm_eval.utils import simple_parse_args_string
 
-from criticalkv.budgets.resolve import resolve_budget
 from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
 from criticalkv.eval.lmeval.options import LMEvalOptions, available_device, check_compresses_some, merged_args
 from criticalkv.eval.lmeval.usage import KVUsage
@@ -46,8 +47,8 @@ class CriticalKVLM(HFLM):
     """``lm_eval --model criticalkv --model_args pretrained=default,method=critical-adakv,budget=0.2``.
 
     ``pretrained``: ``default`` (the built-in SmolLM2-135M-Instruct), a local folder or a hub id;
-    the cache options (``method``, ``budget``, ``window``, ``kv_bits``, ``kv_group_size``,
-    ``decode_budget``, ``decode_interval``) as :meth:`CacheSpec.of` takes them; ``dtype``,
+    the cache options (:data:`~criticalkv.defaults.SPEC_OPTIONS`: the method, budget and window,
+    the decode budget, the storage) as :meth:`CacheSpec.parse` takes them; ``dtype``,
     ``device``, ``batch_size`` and ``max_length`` as lm-eval's ``hf`` model takes them.
     """
 
@@ -69,7 +70,7 @@ class CriticalKVLM(HFLM):
         device = available_device(options.device)
         model, tokenizer = load_model(options.pretrained, device=device, dtype=options.dtype)
         attach(model)
-        self.spec = bind_spec(CacheSpec.of(**options.spec_keywords, config=model.config), model)
+        self.spec = bind_spec(options.spec, model)  # its storage checked against the model's head dimension
         self.usage = KVUsage()
         self.source = options.pretrained
         super().__init__(
@@ -82,19 +83,6 @@ class CriticalKVLM(HFLM):
         check_compresses_some(self.spec, self.max_length)
 
     # --- which spec a prompt gets -----------------------------------------------------------
-    def _compresses(self, tokens: int) -> bool:
-        """Whether a prompt of ``tokens`` tokens is compressed by :attr:`spec`: not with
-        ``method=full``, nor when it is too short for each head's budget to hold the window (or,
-        quantized, the exact residual); such a prompt is kept whole (:meth:`_whole`)."""
-        if self.spec.method.name == "full":
-            return False
-        try:
-            per_head = int(resolve_budget(self.spec.budget, torch.tensor([tokens]), self.spec.window)[0])
-        except ValueError:
-            return False
-        storage = self.spec.storage
-        return storage is None or storage.residual is None or storage.residual <= per_head
-
     def _whole(self, shortest: int) -> CacheSpec:
         """The full cache for prompts of at least ``shortest`` tokens (the window within them)."""
         return CacheSpec(get_method("full"), 1.0, min(self.spec.window, shortest), storage=self.spec.storage)
@@ -102,7 +90,7 @@ class CriticalKVLM(HFLM):
     def _compress(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[CompressedCache, torch.Tensor]:
         """Compress the (B, T) prompts (all compressible, or all kept whole: one spec for the batch)."""
         lengths = mask.sum(dim=1)
-        compresses = self._compresses(int(lengths.min()))
+        compresses = self.spec.compressible(int(lengths.min()))
         spec = self.spec if compresses else self._whole(int(lengths.min()))
         cache, last = compress_prompt(self.model, ids, mask, spec)
         self.usage.add(cache, rows=int(ids.shape[0]), whole=not compresses)
@@ -118,7 +106,7 @@ class CriticalKVLM(HFLM):
         lengths = mask.sum(dim=1).tolist()
         groups: dict[bool, list[int]] = {}
         for row, length in enumerate(lengths):
-            groups.setdefault(self._compresses(int(length)), []).append(row)
+            groups.setdefault(self.spec.compressible(int(length)), []).append(row)
         pad = self._pad_id()
         out = torch.full((context.shape[0], max_length), pad, dtype=torch.long, device=context.device)
         out[:, : context.shape[1]] = context

@@ -10,22 +10,17 @@ from typing import Any
 import torch
 
 from criticalkv.cache import CacheSpec
-from criticalkv.cache.spec_options import given, integer_option, spec_keywords
+from criticalkv.cache.spec_options import given, integer_option
 from criticalkv.defaults import DEFAULT_METHOD, SPEC_OPTIONS
 from criticalkv.runtime import DEFAULT_WINDOWS
 
 logger = logging.getLogger(__name__)
 
-#: the ``--model_args`` the ``criticalkv`` model takes (lm-eval also passes ``max_batch_size``)
+#: the ``--model_args`` the ``criticalkv`` model takes: what to load, the cache options
+#: (:data:`~criticalkv.defaults.SPEC_OPTIONS`), lm-eval's own settings (it also passes ``max_batch_size``)
 MODEL_ARGS: tuple[str, ...] = (
     "pretrained",
-    "method",
-    "budget",
-    "window",
-    "kv_bits",
-    "kv_group_size",
-    "decode_budget",
-    "decode_interval",
+    *SPEC_OPTIONS,
     "dtype",
     "device",
     "batch_size",
@@ -41,10 +36,11 @@ LM_DEFAULTS: dict[str, Any] = {"method": DEFAULT_METHOD, "budget": 0.2, "window"
 
 @dataclass(frozen=True)
 class LMEvalOptions:
-    """The checked ``model_args``: what to load, the cache spec's keywords, lm-eval's own settings."""
+    """The checked ``model_args``: what to load, the cache spec (not yet checked against the
+    model: :func:`~criticalkv.cache.bind_spec` does once it is loaded), lm-eval's own settings."""
 
     pretrained: str
-    spec_keywords: dict[str, Any]
+    spec: CacheSpec
     dtype: str | None
     device: str | None
     batch_size: int
@@ -56,8 +52,8 @@ class LMEvalOptions:
         """The options of ``model_args``, or a ``ValueError`` naming what is wrong.
 
         An unknown name is refused with one sentence listing :data:`MODEL_ARGS`; the cache options
-        are checked by :meth:`CacheSpec.of` (without the model: the group size against the head
-        dimension is checked once it is loaded).
+        are parsed and checked by :meth:`CacheSpec.parse` (without the model: the group size against
+        the head dimension is checked once it is loaded).
         """
         unknown = sorted(set(model_args) - set(MODEL_ARGS))
         if unknown:
@@ -67,12 +63,10 @@ class LMEvalOptions:
             )
         args = {k: v for k, v in model_args.items() if given(v)}
         cache = {name: args[name] for name in SPEC_OPTIONS if name in args}
-        keywords = {**LM_DEFAULTS, **spec_keywords(cache)}
-        CacheSpec.of(**keywords)  # every cache option checked before the model loads
         dtype = args.get("dtype")
         return cls(
             pretrained=str(args.get("pretrained", "default")),
-            spec_keywords=keywords,
+            spec=CacheSpec.parse(cache, defaults=LM_DEFAULTS),  # checked before the model loads
             dtype=None if dtype in (None, "auto") else str(dtype),
             device=None if args.get("device") is None else str(args["device"]),
             batch_size=_batch_size(args.get("batch_size", 1)),

@@ -6,7 +6,7 @@ Code outside ``eval/`` imports these names from here, not from the modules insid
 
 from __future__ import annotations
 
-from criticalkv.eval.sweep.config import SweepConfig, head_scores_fingerprint
+from criticalkv.eval.sweep.config import CACHE_OPTIONS, SweepConfig, head_scores_fingerprint, row_spec
 from criticalkv.eval.sweep.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
 from criticalkv.eval.sweep.fidelity import Fidelity, fidelity
 from criticalkv.eval.sweep.runner import run_sweep
@@ -14,6 +14,7 @@ from criticalkv.eval.sweep.session import record_unusable, sweep_folder
 from criticalkv.eval.sweep.unit import SampleEvaluator, UnitItem, pending_pairs, record_key
 
 __all__ = [
+    "CACHE_OPTIONS",
     "Continuation",
     "Fidelity",
     "RowOutcome",
@@ -27,6 +28,7 @@ __all__ = [
     "record_key",
     "record_unusable",
     "reference_logprobs",
+    "row_spec",
     "run_sweep",
     "sweep_folder",
 ]

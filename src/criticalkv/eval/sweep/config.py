@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.cache import DecodeBudget
-from criticalkv.cache.decode import DEFAULT_INTERVAL, check_decode_budget
+from criticalkv.cache import CacheSpec
 from criticalkv.cache.prefill import check_window
-from criticalkv.cache.quantized import KVQuantization, default_group_size, quantization_for
+from criticalkv.cache.quantized import storage_options
+from criticalkv.cache.spec_options import spec_keywords
+from criticalkv.defaults import DECODE_OPTIONS, DEFAULT_METHOD, STORAGE_OPTIONS
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
 from criticalkv.eval.sample import Sample
 from criticalkv.eval.store import LAYOUT
 from criticalkv.headscores.file import load_head_scores
-from criticalkv.methods import get_method
-from criticalkv.options import OptionError
+from criticalkv.methods import Method, get_method
 from criticalkv.runs import check_folder_path
 from criticalkv.runtime import DEFAULT_WINDOWS, check_mode
 from criticalkv.scores.value_norms import NORM_PRECISIONS
@@ -28,10 +28,13 @@ IDENTITY_KEYS = ("benchmark", "model", "mode", "window", "seed", "max_new_tokens
 #: identity keys every folder names (``None`` where its benchmark lacks them), as before
 #: benchmarks had their own options: folders written then resume unchanged
 LEGACY_IDENTITY: dict[str, Any] = {"qa_source": None, "dataset": None}
+#: the cache options a sweep takes (its storage, then its decode budget), in the order ``run.json``
+#: records them; the methods, budgets and window are the sweep's own fields
+CACHE_OPTIONS: tuple[str, ...] = (*STORAGE_OPTIONS, *DECODE_OPTIONS)
 
 
 @dataclass
-class SweepConfig:
+class _SweepFields:
     """What a sweep runs. ``identity()`` must match to resume into an existing folder.
 
     ``tasks``: the benchmark's task names (``None``: its default, every RULER task or every
@@ -59,18 +62,12 @@ class SweepConfig:
     #: dtype of the Critical selections' ``||V W_O||`` (``None``: each method's own, ``"auto"``);
     #: in the identity only when set, so folders made before the option resume unchanged
     norm_precision: str | None = None
-    #: storage precision of the compressed rows (``None``: the model's dtype); in the identity only when set
-    kv_bits: int | None = None
-    #: entries per quantization scale and zero point, and the newest tokens kept exact (``None``: the
-    #: cache's defaults: 32 at 8 bits, 64 at 4 bits, and ``min(64, budget)``); need ``kv_bits``; in the
-    #: identity only when set
-    kv_group_size: int | None = None
-    kv_residual: int | None = None
-    #: hold each compressed cache at this many entries per KV head while it decodes and while the
-    #: answer is teacher-forced (``None``: every generated token kept); in the identity only when set
-    decode_budget: int | None = None
-    #: re-select after this many new entries per head (``None``: 64 when ``decode_budget`` is set)
-    decode_interval: int | None = None
+    #: the cache's storage and decode options as given, by the names of
+    #: :data:`~criticalkv.defaults.SPEC_OPTIONS` (``{"kv_bits": 4, "decode_budget": 256}``; text as
+    #: a config file gives it is converted strictly), checked once by :meth:`CacheSpec.parse
+    #: <criticalkv.cache.CacheSpec.parse>`; the sweep's own keywords too (``SweepConfig(kv_bits=4)``,
+    #: as ``run.json`` records them). Each is in the identity only when set
+    cache: dict[str, Any] = field(default_factory=dict)
     options: Any = None
     head_scores: str | None = None
     qa_source: InitVar[str | None] = None
@@ -115,46 +112,39 @@ class SweepConfig:
             raise ValueError("max_new_tokens must be at least 1")
         if self.norm_precision is not None and self.norm_precision not in NORM_PRECISIONS:
             raise ValueError(f"norm precision must be one of {', '.join(NORM_PRECISIONS)}, not {self.norm_precision!r}")
-        if self.kv_bits is not None:
-            quantization_for(self.kv_bits, **self.quantization_options())
-        elif self.kv_group_size is not None or self.kv_residual is not None:
-            raise OptionError(
-                "<kv_group_size> and <kv_residual> set how <kv_bits> quantizes: give <kv_bits> 8 or 4 too"
+        self.cache = self._given_cache()
+        template = self.spec()
+        for method, budget in self.configs():  # every row checked as it will run
+            row_spec(template, method, budget)
+
+    def _given_cache(self) -> dict[str, Any]:
+        """:attr:`cache` converted and checked (:meth:`CacheSpec.parse`), as the sweep records it: the
+        storage options as given when quantized, the decode budget with the interval in effect."""
+        self.cache = dict(self.cache or {})
+        unknown = sorted(set(self.cache) - set(CACHE_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)} is not a cache option of a sweep; they are {', '.join(CACHE_OPTIONS)} "
+                "(the methods, budgets and window are the sweep's own)"
             )
-        self._check_decode()
+        given = spec_keywords(self.cache)
+        spec = self._parse(given)
+        recorded = spec.record()
+        storage = {k: v for k, v in given.items() if k in STORAGE_OPTIONS} if spec.storage is not None else {}
+        decode = {k: recorded[k] for k in DECODE_OPTIONS} if spec.decode is not None else {}
+        both = {**storage, **decode}
+        return {k: both[k] for k in CACHE_OPTIONS if k in both}
 
-    def _check_decode(self) -> None:
-        if self.decode_budget is None:
-            if self.decode_interval is not None:
-                raise OptionError(
-                    "a decode interval (<decode_interval>) needs a decode budget: give <decode_budget> too, or drop "
-                    "the interval"
-                )
-            return
-        if self.decode_interval is None:
-            self.decode_interval = DEFAULT_INTERVAL
-        window = int(self.window or 0)
-        for method in self.methods:
-            if method != "full":  # the full cache is the reference: it keeps every entry
-                check_decode_budget(get_method(method), window, self.decode_budget, self.decode_interval)
+    def _parse(self, options: dict[str, Any], model_config: Any = None) -> CacheSpec:
+        compressing = [m for m in self.methods if get_method(m).compresses] or [DEFAULT_METHOD]
+        defaults = {"method": compressing[0], "window": self.window}
+        return CacheSpec.parse(options, defaults=defaults, config=model_config)
 
-    def quantization_options(self) -> dict[str, int]:
-        """The group size and residual given (``kv_group_size``/``kv_residual`` keywords of the cache)."""
-        given = {"group_size": self.kv_group_size, "residual": self.kv_residual}
-        return {k: v for k, v in given.items() if v is not None}
-
-    def storage(self, model_config: Any = None) -> KVQuantization | None:
-        """The quantization every compressed row is stored with (``None``: the model's dtype),
-        checked against ``model_config`` (a group size must divide its head dimension)."""
-        if self.kv_bits is None:
-            return None
-        return quantization_for(self.kv_bits, **self.quantization_options(), config=model_config)
-
-    def decode(self) -> DecodeBudget | None:
-        """The decode budget every compressed row is held at while it decodes, or ``None``."""
-        if self.decode_budget is None:
-            return None
-        return DecodeBudget(self.decode_budget, self.decode_interval or DEFAULT_INTERVAL)
+    def spec(self, model_config: Any = None) -> CacheSpec:
+        """The sweep's template spec: its decode budget and storage at its window (checked against
+        ``model_config``, the model's: a group size must divide its head dimension), for its first
+        compressing method; :func:`row_spec` makes each row of it."""
+        return self._parse(self.cache, model_config)
 
     @property
     def bench(self) -> Benchmark:
@@ -173,16 +163,13 @@ class SweepConfig:
         identity = {**own, **LEGACY_IDENTITY, **self.bench.identity(self.options)}
         if self.norm_precision is not None:  # absent otherwise: folders made without the option keep their identity
             identity["norm_precision"] = self.norm_precision
-        if self.kv_bits is not None:
-            identity["kv_bits"] = self.kv_bits
-            # the group in effect, given or the bit width's default: defaults have changed (8 bits:
-            # 64 then 32), so a folder recorded without it never resumes under another grouping
-            group = self.kv_group_size
-            identity["kv_group_size"] = default_group_size(self.kv_bits) if group is None else group
-        if self.kv_residual is not None:
-            identity["kv_residual"] = self.kv_residual
-        if self.decode_budget is not None:  # likewise: a decode budget is another run
-            identity["decode_budget"], identity["decode_interval"] = self.decode_budget, self.decode_interval
+        spec = self.spec()
+        # the storage in effect (the group given or the bit width's default: defaults have changed,
+        # 8 bits: 64 then 32, so a folder recorded without it never resumes under another grouping),
+        # the residual when given, the decode budget and interval: each absent when unset, so
+        # folders made before the option resume unchanged
+        identity.update({k: v for k, v in storage_options(spec.storage).items() if v is not None})
+        identity.update({k: v for k, v in self.cache.items() if k in DECODE_OPTIONS})
         if self.head_scores is not None:
             identity["head_scores"] = head_scores_fingerprint(self.head_scores)
         return identity
@@ -197,14 +184,27 @@ class SweepConfig:
         return self.bench.samples(self.draw, self.options, tokenizer)
 
     def to_json(self) -> dict[str, Any]:
-        """The flat config recorded in ``run.json`` (every benchmark option under its flat name)."""
+        """The flat config recorded in ``run.json`` (every cache option and benchmark option under
+        its flat name; those of :data:`~criticalkv.eval.store.LAYOUT`'s optional ones that are unset
+        left out, as configs were recorded before the options existed)."""
         data = asdict(self)
         options = data.pop("options")
-        for optional in LAYOUT.optional:  # absent when unset, as configs were recorded before the options existed
-            if data[optional] is None:
-                del data[optional]
-        data["out"] = str(self.out)
-        return {**data, **FLAT_DEFAULTS, **options}
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(value if key == "cache" else {key: value})  # the cache options flat, in place
+        flat = {k: v for k, v in flat.items() if k not in LAYOUT.optional or v is not None}
+        flat["out"] = str(self.out)
+        return {**flat, **FLAT_DEFAULTS, **options}
+
+
+def row_spec(template: CacheSpec, method: str | Method, budget: Budget) -> CacheSpec:
+    """The spec of one (method, budget) row of the sweep whose template is ``template`` (see
+    :meth:`SweepConfig.spec`): its decode budget and storage; the full cache, the reference, keeps
+    every entry (no decode budget) in the same storage."""
+    method = get_method(method)
+    if not method.compresses:
+        return CacheSpec(method, budget, template.window, storage=template.storage)
+    return template.replaced(method=method, budget=budget)
 
 
 def head_scores_fingerprint(path: str) -> str:
@@ -212,7 +212,18 @@ def head_scores_fingerprint(path: str) -> str:
     return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
+class SweepConfig(_SweepFields):
+    __doc__ = _SweepFields.__doc__
+
+    def __init__(self, out: Path, **settings: Any) -> None:
+        """The fields by name; the cache options may be given flat too (``kv_bits=4``, each of
+        :data:`CACHE_OPTIONS`), as ``run.json`` records them: ``SweepConfig(**recorded)`` rebuilds a
+        recorded sweep."""
+        flat = {name: settings.pop(name) for name in CACHE_OPTIONS if name in settings}
+        super().__init__(out, cache={**settings.pop("cache", {}), **flat}, **settings)
+
+
 # the flat options are arguments only (they live in ``options``): reading one off a config fails
 # instead of returning the class-level default
 for _name in FLAT_DEFAULTS:
-    delattr(SweepConfig, _name)
+    delattr(_SweepFields, _name)

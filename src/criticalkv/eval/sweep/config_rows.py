@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
-from criticalkv.budgets.resolve import Budget
 from criticalkv.cache.batch import decode_budget_cache, row_kv_bytes, stacked_cache
 from criticalkv.cache.compressed_cache import CompressedCache
-from criticalkv.cache.quantized import KVQuantization
-from criticalkv.cache.spec import DecodeBudget
+from criticalkv.cache.spec import CacheSpec
 from criticalkv.methods import Method
 from criticalkv.runtime import append_tokens, continue_generation, decode_answers, teacher_forced_logprobs
 from criticalkv.state import LayerState
@@ -64,22 +62,26 @@ def decode_configs(
     pad_id: int,
     states: Sequence[LayerState],
     after: Continuation,
-    configs: Sequence[tuple[Method, Budget]],
-    decode: DecodeBudget | None = None,
-    storage: KVQuantization | None = None,
+    specs: Sequence[CacheSpec],
+    *,
+    held: bool = False,
 ) -> list[RowOutcome]:
-    """The outcome of every config, in order; ``decode``: the decode budget or ``None``;
-    ``storage``: the cache's quantization or ``None``."""
-    if decode is None:
-        cache, times = stacked_cache(states, configs, storage=storage)
+    """The outcome of every row's spec (its method bound), in order. The rows share one storage;
+    ``held``: the sweep holds its compressed rows at a decode budget (each row then decodes in a
+    cache of its own, the full cache's too, and records its peak)."""
+    storage = specs[0].storage
+    if any(spec.storage != storage for spec in specs):
+        raise ValueError("the rows of one sample share one storage (the sweep's)")
+    if not held:
+        cache, times = stacked_cache(states, [(spec.method, spec.budget) for spec in specs], storage=storage)
         return _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=False, stepwise=False)
     outcomes: list[RowOutcome] = []
-    for method, budget in configs:
-        if method.compresses:
-            cache, seconds = decode_budget_cache(states, method, budget, decode, storage)
+    for spec in specs:
+        if spec.decode is not None:
+            cache, seconds = decode_budget_cache(states, spec.method, spec.budget, spec.decode, storage)
             times = [seconds]
         else:  # the full cache, the reference: it keeps every entry
-            cache, times = stacked_cache(states, [(method, budget)], storage=storage)
+            cache, times = stacked_cache(states, [(spec.method, spec.budget)], storage=storage)
         outcomes += _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=True, stepwise=True)
     return outcomes
 

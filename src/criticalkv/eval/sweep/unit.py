@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from criticalkv.budgets.resolve import Budget, resolve_budget
+from criticalkv.budgets.resolve import Budget
+from criticalkv.cache import CacheSpec, PromptTooShort
+from criticalkv.defaults import DECODE_OPTIONS, STORAGE_OPTIONS
 from criticalkv.eval.sample import Sample, encode_sample
 from criticalkv.eval.store import is_done, result_key
+from criticalkv.eval.sweep.config import row_spec
 from criticalkv.eval.sweep.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
 from criticalkv.eval.sweep.fidelity import Fidelity, fidelity
 from criticalkv.eval.tasks.metrics import bind_metric, char_credit
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Pair = tuple[str, Budget]
+#: the full cache's row: every sample's reference
+FULL: Pair = ("full", 1.0)
 
 #: tokens generated when neither the sample nor ``--max-new-tokens`` says fewer
 DEFAULT_GENERATION_CAP = 128
@@ -118,18 +123,23 @@ class SampleEvaluator:
             needs = needs.merge(bound.needs)
         #: what the prefill keeps for every method of the unit (queries; KVzip's reconstruction pass, once)
         self.needs = needs
-        #: the decode budget every compressed row is held at while it decodes, or ``None``
-        self.decode = config.decode()
-        self.decode_fields = (
-            {}
-            if self.decode is None
-            else {"decode_budget": config.decode_budget, "decode_interval": self.decode.interval}
-        )
-        # the storage, checked against the model (a group size must divide its head dimension)
-        self.storage = config.storage(model.config)
-        given = {"kv_bits": config.kv_bits, "kv_group_size": config.kv_group_size, "kv_residual": config.kv_residual}
-        self.storage_fields = {k: v for k, v in given.items() if v is not None}  # in each record, as set
+        #: the sweep's spec, its storage checked against the model (a group size must divide its head dimension)
+        self.template = config.spec(model.config)
+        #: whether the compressed rows are held at a decode budget while they decode
+        self.held = self.template.decode is not None
+        self._specs: dict[Pair, CacheSpec] = {}
+        #: the decode budget and interval in each record of a row held at it while it decodes
+        self.decode_fields = {k: v for k, v in config.cache.items() if k in DECODE_OPTIONS}
+        #: the storage options in each record, as given (the group size and residual only when given)
+        self.storage_fields = {k: v for k, v in config.cache.items() if k in STORAGE_OPTIONS}
         self.repeat = repeat_prompt(tokenizer, config.chat)
+
+    def spec(self, pair: Pair) -> CacheSpec:
+        """The spec of a (method, budget) row: its bound method at its budget, with the sweep's
+        decode budget and storage (:func:`~criticalkv.eval.sweep.config.row_spec`)."""
+        if pair not in self._specs:
+            self._specs[pair] = row_spec(self.template, self.methods[pair[0]], pair[1])
+        return self._specs[pair]
 
     def run_or_skip(
         self, length: int, sample: Sample, pending: Sequence[Pair]
@@ -174,18 +184,18 @@ class SampleEvaluator:
             aware=aware,
         )
         # the full-cache reference first, then every pending config
-        rows = [("full", 1.0), *(p for p in pending if p != ("full", 1.0))]
-        configs = [(self.methods[m], b) for m, b in rows]
-        storage = self.storage
-        outcomes = decode_configs(model, tokenizer, self.eos, self.pad_id, states, after, configs, self.decode, storage)
+        rows = [FULL, *(p for p in pending if p != FULL)]
+        specs = [self.spec(pair) for pair in rows]
+        outcomes = decode_configs(model, tokenizer, self.eos, self.pad_id, states, after, specs, held=self.held)
         # quantized rows are measured against the unquantized full cache
         full = self.methods["full"]
-        reference = reference_logprobs(model, states, after, full) if storage is not None else outcomes[0].logprobs
+        quantized = specs[0].storage is not None
+        reference = reference_logprobs(model, states, after, full) if quantized else outcomes[0].logprobs
         shared = {"mode": config.mode, "context_tokens": len(ctx), "prompt_tokens": len(prompt), "prefill_s": prefill_s}
         return [
             self._record(length, sample, pair, outcomes[row], fidelity(outcomes[row].logprobs, reference, gold), shared)
             for row, pair in enumerate(rows)
-            if row > 0 or ("full", 1.0) in pending
+            if row > 0 or FULL in pending
         ]
 
     def _check_fits(self, length: int, sample: Sample, positions_needed: int) -> None:
@@ -200,14 +210,15 @@ class SampleEvaluator:
         )
 
     def _check_window(self, length: int, sample: Sample, compressed: int, pending: Sequence[Pair]) -> None:
-        """:class:`SampleTooLong` (reason ``too short``) if some pending budget of the compressed
-        prompt cannot hold the observation window (or exceeds the prompt)."""
-        for budget in {b for _, b in pending}:
+        """:class:`SampleTooLong` (reason ``too short``) if the spec of some pending row cannot
+        compress the prompt (:meth:`CacheSpec.check_compressible`: its budget cannot hold the
+        observation window, or exceeds the prompt)."""
+        for pair in pending:
             try:
-                resolve_budget(budget, torch.tensor([compressed]), self.window)
-            except ValueError as error:
+                self.spec(pair).check_compressible(compressed)
+            except PromptTooShort as error:
                 raise SampleTooLong(
-                    f"{sample.task} sample {sample.index} has {compressed} tokens to compress: {error}",
+                    f"{sample.task} sample {sample.index}: {error}",
                     _skip_line(length, sample, "too short", tokens=compressed, window=self.window),
                 ) from None
 
