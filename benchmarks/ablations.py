@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.report import AVERAGE, MIN_PAIRED_SAMPLES, by_config, distinguishable, paired_difference, summarise
-from criticalkv.eval.store import current_results, read_results
+from criticalkv.eval.results import current_results, read_results
 
 BASES = ("critical-snapkv", "critical-adakv")
 #: (label, spec options) of each ablation; the first is the default configuration

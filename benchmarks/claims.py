@@ -24,7 +24,7 @@ import numpy as np
 
 from criticalkv.analysis.results_log import RESULTS_FILE, ResultsLog, read_run_config
 from criticalkv.eval.report import LEVEL, MIN_PAIRED_SAMPLES, RESAMPLES, SEED, by_config, paired_difference
-from criticalkv.eval.store import current_results, read_results
+from criticalkv.eval.results import current_results, read_results
 
 #: the paper's RULER averages at 40% cache on Llama-3.1-8B (base -> Critical variant)
 PAPER_RULER_04 = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import criticalkv as ckv
 from criticalkv.cli import build_parser
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.benchmarks.needle_depth import NeedleDepthOptions
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from tests.conftest import make_tiny
@@ -37,9 +37,9 @@ config = SweepConfig(
     methods=["full", "snapkv"], budgets=[0.5], max_new_tokens=4,
 )
 run_sweep(config, ckv.attach(make_tiny("llama")), char_tokenizer())
-records = store.read_results(out)
+records = sweep_results.read_results(out)
 rows = [[r["task"], r["length"], r["index"], r["method"]] for r in records]
-print(json.dumps({"records": rows, "identity": config.identity(), "run_json": (out / store.RUN).read_text()}))
+print(json.dumps({"records": rows, "identity": config.identity(), "run_json": (out / sweep_results.RUN).read_text()}))
 """
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import criticalkv as ckv
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.eval.tasks import describe_usage, first_per_task, load_dataset_file
 from tests.conftest import make_tiny
@@ -58,7 +58,7 @@ def test_dataset_sweep_runs_samples_per_task(tmp_path: Path) -> None:
         model="tiny",
     )
     run_sweep(config, ckv.attach(make_tiny("llama")), char_tokenizer())
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     per_task = {t: sorted({r["index"] for r in records if r["task"] == t}) for t in "abc"}
     assert per_task == {"a": [1, 2], "b": [4, 5], "c": [7, 8]}
     assert len(records) == 3 * 2 * 2

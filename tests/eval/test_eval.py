@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import criticalkv as ckv
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.report import build_report, loss_reductions, summarise
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.eval.sweep import runner as runner_module
@@ -103,7 +103,7 @@ def test_sweep_resumes_after_interruption_without_duplicates(tmp_path: Path, tok
     out = tmp_path / "run"
     config = _config(out)
     expected = 2 * 1 * 2 * len(config.configs())
-    real_append = store.append_result
+    real_append = sweep_results.append_result
     calls = {"n": 0}
 
     def flaky(out_dir: Path, record: dict[str, object]) -> None:
@@ -115,14 +115,14 @@ def test_sweep_resumes_after_interruption_without_duplicates(tmp_path: Path, tok
     monkeypatch.setattr(runner_module, "append_result", flaky)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(config, tiny, tok)
-    assert len(store.read_results(out)) == 6
+    assert len(sweep_results.read_results(out)) == 6
     monkeypatch.setattr(runner_module, "append_result", real_append)
     run_sweep(config, tiny, tok)
-    records = store.read_results(out)
-    keys = [store.result_key(r) for r in records]
+    records = sweep_results.read_results(out)
+    keys = [sweep_results.result_key(r) for r in records]
     assert len(keys) == expected == len(set(keys))
     run_sweep(config, tiny, tok)  # nothing left to do
-    assert len(store.read_results(out)) == expected
+    assert len(sweep_results.read_results(out)) == expected
     run = json.loads((out / "run.json").read_text())
     assert run["identity"]["model"] == "tiny" and len(run["runs"]) == 3
     assert {"criticalkv", "torch", "transformers"} <= set(run["runs"][0]["versions"])
@@ -131,7 +131,7 @@ def test_sweep_resumes_after_interruption_without_duplicates(tmp_path: Path, tok
 def test_fidelity_is_zero_for_full_and_report_columns(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
     run_sweep(_config(out), tiny, tok)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     for r in records:
         if r["method"] == "full":
             assert r["kl"] == pytest.approx(0.0, abs=1e-6) and r["top1"] == 1.0
@@ -191,7 +191,7 @@ def test_dataset_sweep(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-un
     data.write_text(json.dumps({"context": filler + "The code is 7.", "question": "Code?", "answers": ["7"]}) + "\n")
     out = tmp_path / "run"
     run_sweep(_config(out, benchmark="dataset", dataset=str(data), tasks=[]), tiny, tok)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert {r["task"] for r in records} == {"d"} and len(records) == 7
 
 

@@ -11,7 +11,7 @@ import torch
 import criticalkv as ckv
 from criticalkv.cache.batch import decode_budget_cache
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runtime import append_tokens, prefill, prefill_into, teacher_forced_logprobs
 from tests.conftest import make_tiny, padded_batch
@@ -108,7 +108,7 @@ def test_sweep_under_a_decode_budget_records_the_peak_and_keys_the_identity(tmp_
     assert held.identity()["decode_budget"] == 10 and held.identity()["decode_interval"] == 4
     assert _config(tmp_path / "x", decode_budget=10).cache["decode_interval"] == 64  # the default interval
     run_sweep(held, tiny, char_tokenizer())
-    records = {r["method"]: r for r in store.read_results(held.out)}
+    records = {r["method"]: r for r in sweep_results.read_results(held.out)}
     assert set(records) == {"full", "snapkv", "critical-adakv", "layer-defensivekv"}
     layer = tiny.model.layers[0].self_attn
     heads, dim, layers = tiny.config.num_key_value_heads, layer.head_dim, tiny.config.num_hidden_layers
@@ -157,7 +157,7 @@ def test_eval_command_with_a_decode_budget(
     assert main([*common, "--decode-budget", "12", "--decode-interval", "4", "--out", str(out)]) == 0
     identity = json.loads((out / "run.json").read_text())["identity"]
     assert (identity["decode_budget"], identity["decode_interval"]) == (12, 4)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert {r["method"] for r in records} == {"full", "snapkv", "layer-defensivekv"}
     assert all(r["decode_budget"] == 12 and r["kv_bytes_peak"] > 0 for r in records)
     # another decode budget is another run: refused before the model loads

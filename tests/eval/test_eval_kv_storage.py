@@ -11,7 +11,7 @@ import pytest
 
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -71,7 +71,7 @@ def test_eval_kv_group_size_on_a_tiny_model(
     assert main(_argv(tiny_folder, out, "--kv-bits", "4", "--kv-group-size", "8", "--kv-residual", "4")) == 0
     identity = json.loads((out / "run.json").read_text())["identity"]
     assert (identity["kv_bits"], identity["kv_group_size"], identity["kv_residual"]) == (4, 8, 4)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert {r["method"] for r in records} == {"full", "snapkv"}
     snap = next(r for r in records if r["method"] == "snapkv")
     assert (snap["kv_bits"], snap["kv_group_size"], snap["kv_residual"]) == (4, 8, 4)
@@ -79,7 +79,7 @@ def test_eval_kv_group_size_on_a_tiny_model(
     capsys.readouterr()
     # the same options resume (nothing left to do); another group size is another run, refused
     assert main(_argv(tiny_folder, out, "--kv-bits", "4", "--kv-group-size", "8", "--kv-residual", "4")) == 0
-    assert len(store.read_results(out)) == len(records)
+    assert len(sweep_results.read_results(out)) == len(records)
     assert main(_argv(tiny_folder, out, "--kv-bits", "4", "--kv-group-size", "4", "--kv-residual", "4")) == 2
     assert "kv_group_size: 8 there, 4 now" in capsys.readouterr().err
 

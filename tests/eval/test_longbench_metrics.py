@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from criticalkv.eval.longbench import metrics as lbm
+from criticalkv.eval.longbench import scoring as lbm
 from criticalkv.eval.longbench import segment
 from criticalkv.eval.longbench.postprocess import first_line
 from criticalkv.eval.longbench.similarity import fuzz_ratio, rouge_l

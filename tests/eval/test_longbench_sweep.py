@@ -12,7 +12,7 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.longbench import tasks
 from criticalkv.eval.report import build_report, summarise
 from criticalkv.eval.sweep import SweepConfig, run_sweep
@@ -54,7 +54,7 @@ def test_longbench_sweep_writes_scores_and_resumes(tmp_path: Path, tok: Any, tin
     out = tmp_path / "run"
     config = _config(out)
     run_sweep(config, tiny, tok)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     rows = {t: len(tasks_records) for t in TASKS if (tasks_records := [r for r in records if r["task"] == t])}
     assert set(rows) == set(TASKS) and rows["lcc"] == 2 * 3 and rows["trec"] == 2 * 3  # 2 samples x 3 configs
     for r in records:
@@ -66,7 +66,7 @@ def test_longbench_sweep_writes_scores_and_resumes(tmp_path: Path, tok: Any, tin
     narrative = next(r for r in records if r["task"] == "narrativeqa")
     assert narrative["meta"]["truncated_tokens"] > 0  # its story is longer than 500 characters
     run_sweep(config, tiny, tok)  # resume: nothing left to do
-    assert len(store.read_results(out)) == len(records)
+    assert len(sweep_results.read_results(out)) == len(records)
     run = json.loads((out / "run.json").read_text())
     assert run["identity"]["benchmark"] == "longbench" and run["identity"]["data_dir"] == str(FIXTURES.resolve())
     with pytest.raises(ValueError, match="different configuration"):
@@ -78,14 +78,14 @@ def test_longbench_sweep_writes_scores_and_resumes(tmp_path: Path, tok: Any, tin
 def test_question_agnostic_longbench(tmp_path: Path, tok: Any, tiny: Any) -> None:
     out = tmp_path / "run"
     run_sweep(_config(out, mode="question-agnostic", tasks=["qasper", "samsum"], samples=1), tiny, tok)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert len(records) == 2 * 3 and all(r["prompt_tokens"] == r["context_tokens"] for r in records)
 
 
 def test_longbench_e_report_groups_by_bucket(tmp_path: Path, tok: Any, tiny: Any) -> None:
     out = tmp_path / "run"
     run_sweep(_config(out, tasks=["hotpotqa", "passage_count"], longbench_e=True, samples=3), tiny, tok)
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert sorted({r["meta"]["bucket"] for r in records}) == ["0-4k", "4-8k", "8k+"]
     text, _ = build_report(out, buckets=True)
     for bucket in ("0-4k", "4-8k", "8k+"):
@@ -117,7 +117,7 @@ def test_cli_longbench_on_the_fixtures(tmp_path: Path, folder: Path, capsys: pyt
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "hotpotqa" in printed and "critical-adakv" in printed
-    assert {r["task"] for r in store.read_results(out)} == {"trec", "hotpotqa", "lcc"}
+    assert {r["task"] for r in sweep_results.read_results(out)} == {"trec", "hotpotqa", "lcc"}
     assert main([*args[:5], "--tasks", "narrativeqa", *args[7:], "--longbench-e"]) == 2  # not in LongBench-E
     assert "unknown LongBench-E task" in capsys.readouterr().err
     missing = ["eval", "--benchmark", "longbench", "--data-dir", str(tmp_path), "--tasks", "qasper"]
@@ -134,7 +134,7 @@ def test_cli_longbench_on_the_default_model(tmp_path: Path, capsys: pytest.Captu
     args += ["--model", "default", "--lengths", "1024", "--methods", "full,critical-snapkv", "--budgets", "0.5"]
     args += ["--samples", "1", "--window", "16", "--out", str(out)]
     assert main(args) == 0
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     assert len(records) == 4
     full = {r["task"]: r for r in records if r["method"] == "full"}
     # the answer is in the passages; the 135M model answers in a sentence, which F1 scores below 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.ray import RayOptions, build_units, run_sweep_ray
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.models import load_model, load_tokenizer
@@ -60,19 +60,19 @@ def _config(out: Path, folder: Path, **kw: Any) -> SweepConfig:
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
-    records = [{k: v for k, v in r.items() if k not in TIMINGS} for r in store.read_results(out)]
-    return sorted(records, key=store.result_key)
+    records = [{k: v for k, v in r.items() if k not in TIMINGS} for r in sweep_results.read_results(out)]
+    return sorted(records, key=sweep_results.result_key)
 
 
 def _assert_same(records: list[dict[str, Any]], reference: list[dict[str, Any]]) -> None:
-    keys = [store.result_key(r) for r in records]
+    keys = [sweep_results.result_key(r) for r in records]
     assert len(keys) == len(set(keys)), "a key was written twice"
-    assert keys == [store.result_key(r) for r in reference]
+    assert keys == [sweep_results.result_key(r) for r in reference]
     for got, want in zip(records, reference, strict=True):
-        assert got["prediction"] == want["prediction"] and got["score"] == want["score"], store.result_key(got)
+        assert got["prediction"] == want["prediction"] and got["score"] == want["score"], sweep_results.result_key(got)
         assert got["kv_bytes"] == want["kv_bytes"]
         for field in ("nll", "kl", "top1", "partial"):
-            assert got[field] == pytest.approx(want[field], abs=1e-5), (field, store.result_key(got))
+            assert got[field] == pytest.approx(want[field], abs=1e-5), (field, sweep_results.result_key(got))
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_dispatch_retries_a_dead_workers_unit_and_writes_each_key_once(tmp_path:
     pool = WorkerPool(fake, spawn, 1)  # type: ignore[arg-type]
     done: dict[str, str | None] = {}
     dispatch(fake, pool, [unit(0), unit(1)], tmp_path, done, 0, RayOptions())  # type: ignore[arg-type]
-    keys = [store.result_key(r) for r in JsonLines(tmp_path / store.RESULTS).rows()]
+    keys = [sweep_results.result_key(r) for r in JsonLines(tmp_path / sweep_results.RESULTS).rows()]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
     assert calls.count(0) == 2 and len(fake.killed) == 1  # unit 0 ran again, on a fresh worker
 
@@ -339,13 +339,13 @@ def test_ray_sweep_equals_local_and_resumes_across_paths(
     mixed = tmp_path / "mixed"
     model, tokenizer = load_model(folder, device="cpu")
     run_sweep(_config(mixed, folder, samples=1), model, tokenizer)
-    half = len(store.read_results(mixed))
+    half = len(sweep_results.read_results(mixed))
     assert half == len(reference) // 2
     run_sweep_ray(_config(mixed, folder), RayOptions(workers=2))
     _assert_same(_records(mixed), reference)
     run_sweep(_config(mixed, folder), model, tokenizer)
     run_sweep_ray(_config(mixed, folder))
-    assert len(store.read_results(mixed)) == len(reference)
+    assert len(sweep_results.read_results(mixed)) == len(reference)
 
 
 @needs_ray

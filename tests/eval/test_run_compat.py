@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from criticalkv.analysis.results_log import ResultsLog, check_run_config, read_run_config
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS
 from criticalkv.eval.sweep import SweepConfig, runner
 from criticalkv.methods import available_methods
@@ -46,7 +46,7 @@ def _config(recorded: dict[str, Any], out: Path, **changes: Any) -> SweepConfig:
 def _copy(folder: Path, tmp_path: Path) -> Path:
     out = tmp_path / folder.name
     out.mkdir()
-    for name in (store.RUN, store.RESULTS):
+    for name in (sweep_results.RUN, sweep_results.RESULTS):
         shutil.copy(folder / name, out / name)
     return out
 
@@ -72,26 +72,26 @@ def test_recorded_configs_rebuild_the_same_identity_and_config(run_json: Path) -
 @pytest.mark.parametrize("run_json", RULER_FOLDERS, ids=lambda p: p.parent.name)
 def test_a_committed_folder_opens_for_resume_and_is_done(run_json: Path, tmp_path: Path) -> None:
     out = _copy(run_json.parent, tmp_path)
-    before = json.loads((out / store.RUN).read_text())
-    results = (out / store.RESULTS).read_bytes()
+    before = json.loads((out / sweep_results.RUN).read_text())
+    results = (out / sweep_results.RESULTS).read_bytes()
     config = _config(before["runs"][-1]["config"], out)
-    store.open_run(out, config.identity(), config.to_json())
-    after = json.loads((out / store.RUN).read_text())
+    sweep_results.open_run(out, config.identity(), config.to_json())
+    after = json.loads((out / sweep_results.RUN).read_text())
     assert list(after) == ["identity", "runs"] and after["identity"] == before["identity"]
     assert after["runs"][:-1] == before["runs"] and after["runs"][-1]["config"] == config.to_json()
-    done = set(store.iter_done(out))
+    done = set(sweep_results.iter_done(out))
     assert len(done) == len(results.splitlines())  # every line has its own key
     total, initial = runner._progress(config, config.configs(), done)
     assert total == initial == len(config.bench.planned(config.draw) or []) * len(config.configs())  # nothing to run
-    assert (out / store.RESULTS).read_bytes() == results
+    assert (out / sweep_results.RESULTS).read_bytes() == results
 
 
 def test_a_committed_folder_refuses_another_identity(tmp_path: Path) -> None:
     out = _copy(RULER_FOLDERS[0].parent, tmp_path)
-    _, recorded = _recorded(out / store.RUN)
+    _, recorded = _recorded(out / sweep_results.RUN)
     config = _config(recorded, out, window=16)
     with pytest.raises(ValueError, match=r"different configuration .*window: 64 there, 16 now"):
-        store.open_run(out, config.identity(), config.to_json())
+        sweep_results.open_run(out, config.identity(), config.to_json())
 
 
 def test_an_analysis_folder_of_the_earlier_store_resumes(tmp_path: Path) -> None:
@@ -115,21 +115,21 @@ def test_resuming_a_committed_folder_recomputes_the_same_records(tmp_path: Path)
     from criticalkv.models import load_model
 
     out = _copy(RULER_FOLDERS[0].parent.parent / "aware", tmp_path)
-    _, recorded = _recorded(out / store.RUN)
+    _, recorded = _recorded(out / sweep_results.RUN)
     config = _config(recorded, out, tasks=["niah_single_1"], lengths=[1024], samples=1)
     config = _config(config.to_json(), out, methods=["full", "snapkv", "critical-snapkv"], budgets=[0.2])
     wanted = {f"niah_single_1|1024|0|{m}|{b}" for m, b in config.configs()}
-    lines = (out / store.RESULTS).read_text().splitlines()
-    kept = [line for line in lines if store.result_key(json.loads(line)) not in wanted]
-    removed = [json.loads(line) for line in lines if store.result_key(json.loads(line)) in wanted]
+    lines = (out / sweep_results.RESULTS).read_text().splitlines()
+    kept = [line for line in lines if sweep_results.result_key(json.loads(line)) not in wanted]
+    removed = [json.loads(line) for line in lines if sweep_results.result_key(json.loads(line)) in wanted]
     assert len(removed) == 3
-    (out / store.RESULTS).write_text("\n".join(kept) + "\n")
+    (out / sweep_results.RESULTS).write_text("\n".join(kept) + "\n")
     model, tokenizer = load_model("default", device="cpu")
     runner.run_sweep(config, model, tokenizer)
-    again = {store.result_key(r): r for r in store.read_results(out)[len(kept) :]}
+    again = {sweep_results.result_key(r): r for r in sweep_results.read_results(out)[len(kept) :]}
     assert set(again) == wanted
     for old in removed:
-        new = again[store.result_key(old)]
+        new = again[sweep_results.result_key(old)]
         assert sorted(new) == sorted(old)
         for field in ("nll", "kl", "top1", "partial"):
             assert new[field] == pytest.approx(old[field], abs=1e-4), field
@@ -146,15 +146,15 @@ def test_a_folder_made_with_an_optional_setting_never_resumes_without_it(
 ) -> None:
     """An option recorded only when set is still compared when the new command omits it."""
     out = _copy(RULER_FOLDERS[0].parent, tmp_path)
-    _, recorded = _recorded(out / store.RUN)
+    _, recorded = _recorded(out / sweep_results.RUN)
     recorded = {**recorded, "methods": ["full", "snapkv", "critical-snapkv"]}  # they all re-select
     with_option = _config(recorded, out, **{option: value})
-    store.open_run(tmp_path / "fresh", with_option.identity(), with_option.to_json())
+    sweep_results.open_run(tmp_path / "fresh", with_option.identity(), with_option.to_json())
     first = (out / "results.jsonl").read_text().splitlines()[0]
     (tmp_path / "fresh" / "results.jsonl").write_text(first + "\n")  # a folder with results is protected
     plain = _config(recorded, tmp_path / "fresh")
     with pytest.raises(ValueError, match=rf"different configuration .*{option}: {there} there, None now"):
-        store.open_run(tmp_path / "fresh", plain.identity(), plain.to_json())
+        sweep_results.open_run(tmp_path / "fresh", plain.identity(), plain.to_json())
     # and the other way round: a plain folder refuses the option
     with pytest.raises(ValueError, match=rf"{option}: None there, {there} now"):
-        store.open_run(out, with_option.identity(), with_option.to_json())
+        sweep_results.open_run(out, with_option.identity(), with_option.to_json())

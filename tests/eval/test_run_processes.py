@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
@@ -82,10 +82,10 @@ def line_count(path: Path) -> int:
 
 def check_complete(out: Path, expected: int) -> dict[str, dict[str, Any]]:
     """Every line of ``out/results.jsonl`` is a complete result, one per key, ``expected`` keys."""
-    lines = (out / store.RESULTS).read_text().splitlines()
+    lines = (out / sweep_results.RESULTS).read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    assert all(store.problem(r) is None for r in records)
-    keys = [store.result_key(r) for r in records]
+    assert all(sweep_results.problem(r) is None for r in records)
+    keys = [sweep_results.result_key(r) for r in records]
     assert len(keys) == len(set(keys)) == expected
     return dict(zip(keys, records, strict=True))
 
@@ -164,13 +164,13 @@ def _kill_and_resume(command: list[str], out: Path, expected: int, seed: int, ki
         if target == 0:
             time.sleep(rng.uniform(0.5, 6.0))  # during imports, model loading or the first sample
         else:
-            while line_count(out / store.RESULTS) < target and process.poll() is None:
+            while line_count(out / sweep_results.RESULTS) < target and process.poll() is None:
                 assert time.monotonic() < deadline, "the sweep made no progress"
                 time.sleep(0.005)
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
         process.communicate()
-        counts.append(line_count(out / store.RESULTS))
+        counts.append(line_count(out / sweep_results.RESULTS))
     rc, err = finish(start(command))
     assert rc == 0, err
     assert any(0 < count < expected for count in counts), counts  # some kills landed mid-sweep
@@ -194,7 +194,7 @@ def test_a_sweep_killed_at_random_points_resumes_to_the_uninterrupted_result(
     out = tmp_path / "killed"
     _kill_and_resume(eval_command(model_folder, out, samples=3), out, expected, seed=14, kills=5)
     assert_same_scores(check_complete(out, expected), reference)
-    run = json.loads((out / store.RUN).read_text())
+    run = json.loads((out / sweep_results.RUN).read_text())
     assert 1 <= len(run["runs"]) <= 6  # one entry per run that got as far as the folder
 
 

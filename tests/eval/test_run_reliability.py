@@ -14,7 +14,7 @@ import torch
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.report import build_report, format_tables, loss_reductions, summarise
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runs import FolderBusy, writer_lock
@@ -46,9 +46,9 @@ def avg_row(rows: list[dict[str, Any]], method: str, budget: float) -> dict[str,
 def test_report_counts_each_key_once_whatever_the_file_holds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     clean = [rec("t", i, m, b, s) for i in range(3) for m, b, s in (("full", 1.0, 1.0), ("snapkv", 0.2, i % 2))]
     doubled = [*clean, *clean[:4]]  # two writers, or a file concatenated by hand
-    write_lines(tmp_path / store.RESULTS, doubled)
+    write_lines(tmp_path / sweep_results.RESULTS, doubled)
     with caplog.at_level(logging.WARNING):
-        records = store.current_results(store.read_results(tmp_path), tmp_path / store.RESULTS)
+        records = sweep_results.current_results(sweep_results.read_results(tmp_path), tmp_path / sweep_results.RESULTS)
     assert len(records) == len(clean) and "4 line(s) whose key appears again later" in caplog.text
     assert summarise(records) == summarise(clean)
     text, _ = build_report(tmp_path)
@@ -56,8 +56,8 @@ def test_report_counts_each_key_once_whatever_the_file_holds(tmp_path: Path, cap
 
 
 def test_the_last_line_of_a_key_wins(tmp_path: Path) -> None:
-    write_lines(tmp_path / store.RESULTS, [rec("t", 0, "full", 1.0, 0.0), rec("t", 0, "full", 1.0, 1.0)])
-    assert [r["score"] for r in store.current_results(store.read_results(tmp_path))] == [1.0]
+    write_lines(tmp_path / sweep_results.RESULTS, [rec("t", 0, "full", 1.0, 0.0), rec("t", 0, "full", 1.0, 1.0)])
+    assert [r["score"] for r in sweep_results.current_results(sweep_results.read_results(tmp_path))] == [1.0]
 
 
 def test_lines_that_are_json_but_not_results_are_skipped_with_file_and_line(
@@ -65,14 +65,14 @@ def test_lines_that_are_json_but_not_results_are_skipped_with_file_and_line(
 ) -> None:
     good = rec("t", 0, "full", 1.0, 1.0)
     rows = [good, {"task": "t"}, rec("t", 1, "full", 1.0, "high"), [1, 2], rec("t", 2, "full", True, 1.0), "\xff"]
-    (tmp_path / store.RESULTS).write_bytes(
+    (tmp_path / sweep_results.RESULTS).write_bytes(
         b"".join((json.dumps(r).encode() if not isinstance(r, str) else b"\xff") + b"\n" for r in rows)
     )
     with caplog.at_level(logging.WARNING):
-        assert store.read_results(tmp_path) == [good]
+        assert sweep_results.read_results(tmp_path) == [good]
     for line, why in ((2, "no length"), (3, "score is 'high'"), (4, "a JSON list"), (5, "budget is True"), (6, "JSON")):
-        assert f"line {line} of {tmp_path / store.RESULTS}" in caplog.text and why in caplog.text
-    assert set(store.iter_done(tmp_path)) == {store.result_key(good)}
+        assert f"line {line} of {tmp_path / sweep_results.RESULTS}" in caplog.text and why in caplog.text
+    assert set(sweep_results.iter_done(tmp_path)) == {sweep_results.result_key(good)}
 
 
 def test_merged_sweeps_show_n_and_compare_only_shared_samples() -> None:
@@ -99,13 +99,13 @@ def test_damaged_folders_get_a_sentence(tmp_path: Path, capsys: pytest.CaptureFi
     a_file.write_text("x")
     with pytest.raises(ValueError, match="is a file, not a results folder"):
         _config(a_file)
-    (tmp_path / "r1" / store.RESULTS).mkdir(parents=True)
+    (tmp_path / "r1" / sweep_results.RESULTS).mkdir(parents=True)
     assert main(["report", str(tmp_path / "r1")]) == 2
     assert "results.jsonl is a folder, not a results file" in capsys.readouterr().err
     (tmp_path / "r2").mkdir()
-    (tmp_path / "r2" / store.RUN).write_text('{"identity": ')
+    (tmp_path / "r2" / sweep_results.RUN).write_text('{"identity": ')
     with pytest.raises(ValueError, match=r"run.json is damaged .*restore it"):
-        store.check_run(tmp_path / "r2", {"model": "m"})
+        sweep_results.check_run(tmp_path / "r2", {"model": "m"})
 
 
 # --- sweeps on a tiny model --------------------------------------------------------------------
@@ -161,25 +161,25 @@ def test_an_edited_dataset_line_is_recomputed_and_the_same_file_by_another_path_
     data = _dataset(Path("d.jsonl"), ["7", "8"])
     out = tmp_path / "run"
     run_sweep(_dconfig(out, data), tiny, tok)
-    first = store.read_results(out)
+    first = sweep_results.read_results(out)
     assert len(first) == 2 * 3 and all(r["meta"]["sha256"] for r in first)
     # the same file by its absolute path: accepted, nothing to do
     run_sweep(_dconfig(out, data.resolve()), tiny, tok)
-    assert store.read_results(out) == first
+    assert sweep_results.read_results(out) == first
     _dataset(data, ["7", "9"])  # line 2's answer changes
     run_sweep(_dconfig(out, data), tiny, tok)
-    lines = store.read_results(out)
+    lines = sweep_results.read_results(out)
     assert len(lines) == 2 * 3 + 3 and {r["index"] for r in lines[6:]} == {2}
     assert {tuple(r["answers"]) for r in lines[6:]} == {("9",)}
     with caplog.at_level(logging.WARNING):
-        current = store.current_results(lines)
+        current = sweep_results.current_results(lines)
     assert len(current) == 6 and {tuple(r["answers"]) for r in current if r["index"] == 2} == {("9",)}
     # only one method recomputed after another edit: the other methods' old lines are not counted
     _dataset(data, ["7", "10"])
     run_sweep(_dconfig(out, data, methods=["full"]), tiny, tok)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        current = store.current_results(store.read_results(out))
+        current = sweep_results.current_results(sweep_results.read_results(out))
     assert {(r["index"], r["method"]) for r in current} == {
         (1, "full"),
         (1, "snapkv"),
@@ -192,11 +192,11 @@ def test_an_edited_dataset_line_is_recomputed_and_the_same_file_by_another_path_
 def test_a_dataset_folder_of_the_earlier_store_is_refused_with_what_to_do(tmp_path: Path) -> None:
     data = _dataset(tmp_path / "d.jsonl", ["7"])
     config = _dconfig(tmp_path / "run", data)
-    old = {k: v for k, v in config.identity().items() if k != store.DATASET_CHECK} | {"dataset": str(data)}
+    old = {k: v for k, v in config.identity().items() if k != sweep_results.DATASET_CHECK} | {"dataset": str(data)}
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / store.RUN).write_text(json.dumps({"identity": old, "runs": []}))
+    (tmp_path / "run" / sweep_results.RUN).write_text(json.dumps({"identity": old, "runs": []}))
     with pytest.raises(ValueError, match=r"written before samples were identified by content.*new --out"):
-        store.check_run(config.out, config.identity())
+        sweep_results.check_run(config.out, config.identity())
 
 
 def test_an_over_long_dataset_line_is_skipped_and_counted(tmp_path: Path, tok, tiny, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -205,7 +205,7 @@ def test_an_over_long_dataset_line_is_skipped_and_counted(tmp_path: Path, tok, t
     with caplog.at_level(logging.WARNING):
         run_sweep(_dconfig(out, data), tiny, tok)
     assert "skipping a sample: d sample 2 needs" in caplog.text and "shorten it" in caplog.text
-    assert {r["index"] for r in store.read_results(out)} == {1, 3}
+    assert {r["index"] for r in sweep_results.read_results(out)} == {1, 3}
     text, _ = build_report(out)
     assert "skipped 1 sample(s) longer than the model accepts (not in the table): d line 2" in text
 
@@ -224,7 +224,7 @@ def test_a_dataset_line_shorter_than_the_window_is_skipped_and_named(tmp_path: P
         run_sweep(_dconfig(out, data, chat=False), tiny, tok)
     assert "d sample 2: the prompt has 12 tokens" in caplog.text
     assert "smaller than the observation window (8 tokens)" in caplog.text
-    assert {r["index"] for r in store.read_results(out)} == {1, 3}
+    assert {r["index"] for r in sweep_results.read_results(out)} == {1, 3}
     text, _ = build_report(out)
     assert "skipped 1 sample(s) too short for the budget and observation window (not in the table): d line 2" in text
 
@@ -239,7 +239,7 @@ def test_a_refused_sweep_writes_nothing(tmp_path: Path, tok, tiny) -> None:  # t
         run_sweep(_config(out, lengths=[1000]), tiny, tok)
     assert sorted(p.name for p in out.iterdir()) == ["writer.lock"]
     run_sweep(_config(out, window=12), tiny, tok)  # the corrected command, another window: accepted
-    assert len(store.read_results(out)) == 3
+    assert len(sweep_results.read_results(out)) == 3
 
 
 def test_a_second_writer_waits_then_refuses_naming_the_holder(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-untyped-def]
@@ -247,9 +247,9 @@ def test_a_second_writer_waits_then_refuses_naming_the_holder(tmp_path: Path, to
     with writer_lock(out):
         with pytest.raises(FolderBusy, match=rf"another process \(pid {os.getpid()} on .*\) is writing to {out}"):
             run_sweep(_config(out), tiny, tok, wait=0.2)
-        assert not (out / store.RUN).exists()
+        assert not (out / sweep_results.RUN).exists()
     run_sweep(_config(out), tiny, tok, wait=0)  # free again
-    assert len(store.read_results(out)) == 3
+    assert len(sweep_results.read_results(out)) == 3
 
 
 def test_unusable_dataset_lines_are_counted_and_named_in_the_report(tmp_path: Path, tok, tiny) -> None:  # type: ignore[no-untyped-def]
@@ -265,7 +265,7 @@ def test_unusable_dataset_lines_are_counted_and_named_in_the_report(tmp_path: Pa
     out = tmp_path / "run"
     run_sweep(_dconfig(out, data), tiny, tok)
     run_sweep(_dconfig(out, data), tiny, tok)  # resumed: nothing listed twice
-    skipped = [s for s in store.read_skipped(out) if s["reason"] == "unusable"]
+    skipped = [s for s in sweep_results.read_skipped(out) if s["reason"] == "unusable"]
     assert sorted(s["index"] for s in skipped) == [2, 4]
     assert "blank" in " ".join(s["why"] for s in skipped) or "whitespace" in " ".join(s["why"] for s in skipped)
     assert len((out / "skipped.jsonl").read_text().splitlines()) == 2
@@ -306,7 +306,7 @@ def test_a_disk_that_fills_mid_sweep_then_frees_resumes_to_the_uninterrupted_rep
     assert (out / "results.jsonl").read_bytes().endswith(b"\n")
     run_sweep(_dconfig(out, data), tiny, tok)  # space freed: resumed
     key = lambda r: (r["index"], r["method"], r["budget"])  # noqa: E731
-    ours = {key(r): (r["score"], r["prediction"]) for r in store.read_results(out)}
-    theirs = {key(r): (r["score"], r["prediction"]) for r in store.read_results(whole)}
+    ours = {key(r): (r["score"], r["prediction"]) for r in sweep_results.read_results(out)}
+    theirs = {key(r): (r["score"], r["prediction"]) for r in sweep_results.read_results(whole)}
     assert ours == theirs and len(ours) == 12
     assert build_report(out)[0].replace(str(out), "") == build_report(whole)[0].replace(str(whole), "")

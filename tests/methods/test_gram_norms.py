@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import criticalkv as ckv
 from criticalkv.cli import main
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.scores.value_norms import gram_value_norms, projected_value_norms
 from criticalkv.select.critical import Critical
 from tests.helpers.random_state import o_proj_weight, random_state
@@ -70,7 +70,7 @@ def test_eval_runs_the_gram_spec_and_matches_the_direct_l2(
     args = ["eval", "--model", str(tiny_folder), "--tasks", "niah_single_1", "--lengths", "400", "--samples", "2"]
     args += ["--methods", methods, "--budgets", "0.3", "--window", "6", "--max-new-tokens", "4", "--out", str(out)]
     assert main(args) == 0
-    records = store.read_results(out)
+    records = sweep_results.read_results(out)
     gram_name, direct_name = "critical-adakv:gram=true:p=2:precision=exact", "critical-adakv:p=2:precision=exact"
     assert {r["method"] for r in records} == {"critical-adakv", direct_name, gram_name}
     by_method: dict[str, list[dict[str, object]]] = {}

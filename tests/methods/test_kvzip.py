@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import criticalkv as ckv
 from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.budgets import LayerJoint
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.runtime import RepeatPrompt, prefill, repeat_prompt
 from criticalkv.runtime.reconstruction import CUE_TOKENS
@@ -228,7 +228,7 @@ def test_a_sweep_runs_the_pass_once_and_leaves_the_other_methods_alone(tmp_path:
             mode="question-agnostic",
         )
         run_sweep(config, model, tok)
-        return {(r["method"], r["budget"]): r for r in store.read_results(out)}
+        return {(r["method"], r["budget"]): r for r in sweep_results.read_results(out)}
 
     with_kvzip = sweep(tmp_path / "a", ["full", "snapkv", "kvzip", "critical-kvzip"])
     without = sweep(tmp_path / "b", ["full", "snapkv"])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import criticalkv as ckv
 from criticalkv.commands.common import methods_arg
-from criticalkv.eval import store
+from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig, run_sweep
 from criticalkv.methods.spec_string import format_spec, parse_spec
 from tests.conftest import make_tiny
@@ -88,5 +88,5 @@ def test_a_sweep_records_each_spec_as_its_own_method(tmp_path: Path) -> None:
         **kwargs,  # type: ignore[arg-type]
     )
     run_sweep(config, model, tok)
-    methods = sorted({r["method"] for r in store.read_results(tmp_path / "run")})
+    methods = sorted({r["method"] for r in sweep_results.read_results(tmp_path / "run")})
     assert methods == ["critical-snapkv", "critical-snapkv:eps=0", "critical-snapkv:projected=false", "full"]

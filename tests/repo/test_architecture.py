@@ -185,6 +185,11 @@ def test_only_compress_prompt_reads_what_a_method_needs_from_the_prefill() -> No
 #: file names that several modules share because they hold the same concept in parallel rooms (issue 43):
 #: every module holding the name must be listed; any other module of that name is named by what it holds
 PARALLEL_NAMES: dict[str, tuple[set[str], str]] = {
+    "metrics.py": ({"serve.metrics", "serve.routes.metrics"}, "the server's counters and the route that shows them"),
+    "scoring.py": (
+        {"eval.tasks.scoring", "eval.longbench.scoring"},
+        "answer scoring: RULER's string matching and partial credit, LongBench's metrics",
+    ),
     "base.py": (
         {"budgets.base", "scores.base", "select.base", "eval.benchmarks.base"},
         "each room's base class (a budget, a score, a selection, a sweep benchmark)",
@@ -218,20 +223,7 @@ PARALLEL_NAMES: dict[str, tuple[set[str], str]] = {
 #: shared file names of two concepts, in rooms another change edits now or with a public documented path:
 #: to be renamed (docs/changelog.md, 2026-12-06, names a recommendation for each)
 RENAME_PENDING: dict[str, tuple[set[str], str]] = {
-    "metrics.py": (
-        {"serve.metrics", "serve.routes.metrics", "eval.longbench.metrics", "eval.tasks.metrics"},
-        "the server's counters (and their route) vs answer scoring: eval/tasks/metrics.py -> scoring.py",
-    ),
-    "options.py": (
-        {"options", "eval.lmeval.options", "eval.ray.options"},
-        "criticalkv.options holds OptionError (a documented path, kept); the others are integrations' options",
-    ),
     "report.py": ({"commands.report", "bench.report"}, "the report command vs the bench's tables: -> bench/tables.py"),
-    "session.py": (
-        {"eval.sweep.session", "serve.session"},
-        "a sweep's hold on its folder vs a chat being answered: -> eval/sweep/folder_hold.py",
-    ),
-    "store.py": ({"eval.store", "serve.store"}, "a sweep's results folder vs stored contexts: -> eval/results.py"),
 }
 
 

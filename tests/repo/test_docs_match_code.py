@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from criticalkv.eval.lmeval.options import LMEvalOptions
+from criticalkv.eval.lmeval.model_args import LMEvalOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -111,7 +111,7 @@ def _benchmark(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from criticalkv.eval.report import build_report
-    from criticalkv.eval.store import check_run
+    from criticalkv.eval.results import check_run
     from criticalkv.plotting import require_matplotlib
 
     if args.ray is not None:

@@ -79,7 +79,7 @@ def test_sweep_identity_records_the_group_in_effect(tmp_path: Path) -> None:
 
 def test_a_folder_made_under_an_older_default_does_not_resume(tmp_path: Path) -> None:
     """An 8-bit folder recorded without a group (made when the default was 64) is refused, not mixed."""
-    from criticalkv.eval.store import LAYOUT
+    from criticalkv.eval.results import LAYOUT
     from criticalkv.runs.folder import open_folder
 
     config = SweepConfig(out=tmp_path, tasks=["niah_single_1"], methods=["snapkv"], budgets=[0.2], kv_bits=8)

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 import criticalkv as ckv
 from criticalkv.compat import cache_argument
+from criticalkv.eval import results as sweep_results
 from criticalkv.prompts import positions
 from tests.conftest import ARCHS, make_tiny, padded_batch
 from tests.helpers.quantized_reference import SHADOW, Held, Shadow
@@ -194,7 +195,6 @@ def test_residual_longer_than_the_decode_budget_is_refused() -> None:
 def test_a_sweep_with_quantized_storage_under_a_decode_budget(tmp_path: Path) -> None:
     """``criticalkv eval --kv-bits 4 --decode-budget``: records hold the bits, the peak, and fewer
     bytes than the same sweep unquantized."""
-    from criticalkv.eval import store
     from criticalkv.eval.sweep import SweepConfig, run_sweep
     from tests.helpers.tiny_tokenizer import char_tokenizer
 
@@ -207,7 +207,7 @@ def test_a_sweep_with_quantized_storage_under_a_decode_budget(tmp_path: Path) ->
             kv_bits=bits,
         )  # fmt: skip
         run_sweep(config, model, char_tokenizer())
-        records = {r["method"]: r for r in store.read_results(config.out)}
+        records = {r["method"]: r for r in sweep_results.read_results(config.out)}
         assert set(records) == {"full", "snapkv"}
         assert records["snapkv"]["decode_budget"] == 12
         if bits:

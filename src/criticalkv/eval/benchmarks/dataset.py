@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.eval.benchmarks.base import Benchmark, Draw
+from criticalkv.eval.results import DATASET_CHECK
 from criticalkv.eval.sample import Sample
-from criticalkv.eval.store import DATASET_CHECK
 from criticalkv.eval.tasks.dataset import describe_usage, first_per_task, load_dataset_file, unusable_lines
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class Dataset(Benchmark):
 
     The run identity names the file (not its path: the same file by a relative or an absolute
     path resumes); each result carries its line's content hash, so an edited line is computed
-    again on resume (see :mod:`criticalkv.eval.store`).
+    again on resume (see :mod:`criticalkv.eval.results`).
     """
 
     name = "dataset"

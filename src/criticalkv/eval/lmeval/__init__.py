@@ -16,6 +16,6 @@ except ImportError as error:  # pragma: no cover - only without the extra
     ) from error
 
 from criticalkv.eval.lmeval.model import CriticalKVLM
-from criticalkv.eval.lmeval.options import MODEL_ARGS, LMEvalOptions
+from criticalkv.eval.lmeval.model_args import MODEL_ARGS, LMEvalOptions
 
 __all__ = ["MODEL_ARGS", "CriticalKVLM", "LMEvalOptions"]

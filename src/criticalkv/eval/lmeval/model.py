@@ -33,7 +33,7 @@ from lm_eval.models.utils_hf import stop_sequences_criteria
 from lm_eval.utils import simple_parse_args_string
 
 from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
-from criticalkv.eval.lmeval.options import LMEvalOptions, available_device, check_compresses_some, merged_args
+from criticalkv.eval.lmeval.model_args import LMEvalOptions, available_device, check_compresses_some, merged_args
 from criticalkv.eval.lmeval.usage import KVUsage
 from criticalkv.methods import get_method
 from criticalkv.models import load_model

@@ -6,8 +6,8 @@ truncation, metrics and LongBench-E's length buckets.
 
 from criticalkv.eval.longbench.buckets import BUCKETS, bucket_of
 from criticalkv.eval.longbench.loader import LongBenchUnavailable, Record, load_records, parse_row
-from criticalkv.eval.longbench.metrics import SCORERS, bind, score
 from criticalkv.eval.longbench.samples import iter_samples, make_sample
+from criticalkv.eval.longbench.scoring import SCORERS, bind, score
 from criticalkv.eval.longbench.tasks import DATASETS, E_DATASETS, EN_DATASETS, ZH_DATASETS, resolve_tasks
 
 __all__ = [

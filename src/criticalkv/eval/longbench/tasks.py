@@ -41,7 +41,7 @@ FIRST_LINE: frozenset[str] = frozenset(_NAMES["first_line"])
 #: maximum new tokens per dataset (``dataset2maxlen.json``)
 MAX_NEW_TOKENS: dict[str, int] = read_json("longbench/dataset2maxlen.json")
 #: the metric of each dataset (``eval.py``'s ``dataset2metric``), by the names of
-#: :mod:`criticalkv.eval.longbench.metrics`
+#: :mod:`criticalkv.eval.longbench.scoring`
 METRIC: dict[str, str] = read_json("longbench/dataset2metric.json")
 #: the prompt template of each dataset (``dataset2prompt.json``)
 PROMPTS: dict[str, str] = read_json("longbench/dataset2prompt.json")

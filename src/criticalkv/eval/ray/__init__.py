@@ -8,7 +8,7 @@ without it). Code outside ``eval/`` imports these names from here.
 from __future__ import annotations
 
 from criticalkv.eval.ray.dispatch import WorkerPool, dispatch
-from criticalkv.eval.ray.options import RayNotInstalled, RayOptions, import_ray
+from criticalkv.eval.ray.ray_options import RayNotInstalled, RayOptions, import_ray
 from criticalkv.eval.ray.runner import run_sweep_ray
 from criticalkv.eval.ray.worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from criticalkv.eval.ray.options import RayOptions
+from criticalkv.eval.ray.ray_options import RayOptions
 from criticalkv.eval.ray.worker import UnitResult, WorkUnit
-from criticalkv.eval.store import append_result, append_skipped, content_hash, is_done, result_key
+from criticalkv.eval.results import append_result, append_skipped, content_hash, is_done, result_key
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from types import ModuleType
 
 from criticalkv.eval.ray.dispatch import WorkerPool, dispatch
-from criticalkv.eval.ray.options import RayNotInstalled, RayOptions, import_ray
+from criticalkv.eval.ray.ray_options import RayNotInstalled, RayOptions, import_ray
 from criticalkv.eval.ray.worker import EvalWorker, SampleHook, UnitResult, WorkUnit, build_units
-from criticalkv.eval.store import done_index
+from criticalkv.eval.results import done_index
 from criticalkv.eval.sweep.config import SweepConfig
-from criticalkv.eval.sweep.session import record_unusable, sweep_folder
+from criticalkv.eval.sweep.folder_hold import record_unusable, sweep_folder
 from criticalkv.runs import DEFAULT_WAIT
 
 logger = logging.getLogger(__name__)

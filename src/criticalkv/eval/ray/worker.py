@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from criticalkv.eval.ray.options import RayOptions
+from criticalkv.eval.ray.ray_options import RayOptions
 from criticalkv.eval.sweep.config import SweepConfig
 from criticalkv.eval.sweep.unit import SampleEvaluator, UnitItem, pending_pairs
 

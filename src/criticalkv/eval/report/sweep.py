@@ -1,7 +1,7 @@
 """Summaries, tables and plots of a sweep, from its folder alone (``results.jsonl``, ``skipped.jsonl``).
 
 The report counts one line per result key (the last, see
-:func:`~criticalkv.eval.store.current_results`), prints each cell's sample count, and compares
+:func:`~criticalkv.eval.results.current_results`), prints each cell's sample count, and compares
 two methods only over the samples both have (:mod:`criticalkv.eval.report.summary`).
 """
 
@@ -25,7 +25,7 @@ from criticalkv.eval.report.bootstrap import (
     paired_differences,
 )
 from criticalkv.eval.report.summary import AVERAGE, base_of, loss_reductions, summary_rows
-from criticalkv.eval.store import RESULTS, current_results, read_results, read_skipped, sample_key
+from criticalkv.eval.results import RESULTS, current_results, read_results, read_skipped, sample_key
 from criticalkv.plotting import pyplot
 from criticalkv.runs import write_atomically
 
@@ -69,7 +69,7 @@ def _group(record: dict[str, Any], by: str) -> str:
 def summarise(records: Sequence[dict[str, Any]], by: str = "length") -> list[dict[str, Any]]:
     """One row per (length or 'all', method, budget, task or 'average'), scores in percent.
 
-    ``records`` hold one line per key (:func:`~criticalkv.eval.store.current_results`). ``n`` is
+    ``records`` hold one line per key (:func:`~criticalkv.eval.results.current_results`). ``n`` is
     the samples a row averages; ``loss`` the compression loss (full - score) / full over the
     ``loss_n`` samples the row and the full cache both have; ``nll_increase`` the mean per-sample
     increase of the gold answer's NLL over the full cache. With ``by="bucket"`` the ``length``

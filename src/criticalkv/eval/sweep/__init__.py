@@ -9,8 +9,8 @@ from __future__ import annotations
 from criticalkv.eval.sweep.config import CACHE_OPTIONS, SweepConfig, head_scores_fingerprint, row_spec
 from criticalkv.eval.sweep.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
 from criticalkv.eval.sweep.fidelity import Fidelity, fidelity
+from criticalkv.eval.sweep.folder_hold import record_unusable, sweep_folder
 from criticalkv.eval.sweep.runner import run_sweep
-from criticalkv.eval.sweep.session import record_unusable, sweep_folder
 from criticalkv.eval.sweep.unit import SampleEvaluator, UnitItem, pending_pairs, record_key
 
 __all__ = [

@@ -15,8 +15,8 @@ from criticalkv.cache.quantized import storage_options
 from criticalkv.cache.spec_options import spec_keywords
 from criticalkv.defaults import DECODE_OPTIONS, DEFAULT_METHOD, STORAGE_OPTIONS
 from criticalkv.eval.benchmarks import FLAT_DEFAULTS, Benchmark, Draw, get_benchmark
+from criticalkv.eval.results import LAYOUT
 from criticalkv.eval.sample import Sample
-from criticalkv.eval.store import LAYOUT
 from criticalkv.headscores.file import load_head_scores
 from criticalkv.methods import Method, get_method
 from criticalkv.runs import check_folder_path
@@ -185,7 +185,7 @@ class _SweepFields:
 
     def to_json(self) -> dict[str, Any]:
         """The flat config recorded in ``run.json`` (every cache option and benchmark option under
-        its flat name; those of :data:`~criticalkv.eval.store.LAYOUT`'s optional ones that are unset
+        its flat name; those of :data:`~criticalkv.eval.results.LAYOUT`'s optional ones that are unset
         left out, as configs were recorded before the options existed)."""
         data = asdict(self)
         options = data.pop("options")

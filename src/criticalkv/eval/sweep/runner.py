@@ -10,7 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from criticalkv.budgets.resolve import Budget
-from criticalkv.eval.store import (
+from criticalkv.eval.results import (
     append_result,
     append_skipped,
     content_hash,
@@ -19,7 +19,7 @@ from criticalkv.eval.store import (
     result_key,
 )
 from criticalkv.eval.sweep.config import SweepConfig
-from criticalkv.eval.sweep.session import record_unusable, sweep_folder
+from criticalkv.eval.sweep.folder_hold import record_unusable, sweep_folder
 from criticalkv.eval.sweep.unit import SampleEvaluator, pending_pairs, record_key
 from criticalkv.runs import DEFAULT_WAIT
 
@@ -49,7 +49,7 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any, *, wait: float = 
     :func:`criticalkv.eval.ray.runner.run_sweep_ray` runs the same work on a Ray cluster. Everything
     that can be checked is checked before the folder is touched; then the run holds the folder's
     writer lock, waiting up to ``wait`` seconds for another writer (see
-    :func:`~criticalkv.eval.sweep.session.sweep_folder`). A ``--dataset`` line longer than the model
+    :func:`~criticalkv.eval.sweep.folder_hold.sweep_folder`). A ``--dataset`` line longer than the model
     accepts is skipped with a warning and listed in ``skipped.jsonl``.
     """
     evaluator = SampleEvaluator(config, model, tokenizer)  # refuses lengths the model cannot take

@@ -19,12 +19,12 @@ import torch
 from criticalkv.budgets.resolve import Budget
 from criticalkv.cache import CacheSpec, PromptTooShort
 from criticalkv.defaults import DECODE_OPTIONS, STORAGE_OPTIONS
+from criticalkv.eval.results import is_done, result_key
 from criticalkv.eval.sample import Sample, encode_sample
-from criticalkv.eval.store import is_done, result_key
 from criticalkv.eval.sweep.config import row_spec
 from criticalkv.eval.sweep.config_rows import Continuation, RowOutcome, decode_configs, reference_logprobs
 from criticalkv.eval.sweep.fidelity import Fidelity, fidelity
-from criticalkv.eval.tasks.metrics import bind_metric, char_credit
+from criticalkv.eval.tasks.scoring import bind_metric, char_credit
 from criticalkv.methods import bind, get_method
 from criticalkv.needs import NOTHING
 from criticalkv.prompts import left_pad
@@ -44,13 +44,13 @@ DEFAULT_GENERATION_CAP = 128
 
 
 def record_key(task: str, length: int, index: int, method: str, budget: Budget) -> dict[str, Any]:
-    """The fields that identify a result line (see :func:`criticalkv.eval.store.result_key`)."""
+    """The fields that identify a result line (see :func:`criticalkv.eval.results.result_key`)."""
     return {"task": task, "length": length, "index": index, "method": method, "budget": budget}
 
 
 def pending_pairs(sample: Sample, length: int, pairs: Sequence[Pair], done: Mapping[str, str | None]) -> list[Pair]:
     """The (method, budget) pairs of ``sample`` not done on its current content (``done``: result key
-    -> content hash, see :func:`criticalkv.eval.store.done_index`)."""
+    -> content hash, see :func:`criticalkv.eval.results.done_index`)."""
     sha = sample.meta.get("sha256")
     keys = [(m, b, result_key(record_key(sample.task, length, sample.index, m, b))) for m, b in pairs]
     return [(m, b) for m, b, key in keys if not is_done(done, key, sha)]

@@ -8,7 +8,10 @@ name is :mod:`criticalkv.eval.benchmarks`. Code outside ``eval/`` imports these 
 from __future__ import annotations
 
 from criticalkv.eval.tasks.dataset import describe_usage, first_per_task, load_dataset_file, unusable_lines
-from criticalkv.eval.tasks.metrics import (
+from criticalkv.eval.tasks.needle import digit_credit, exact_match, make_needle_sample
+from criticalkv.eval.tasks.qa_data import qa_documents
+from criticalkv.eval.tasks.ruler import NOISE, TASK_NAMES, essay_sentences, essay_words, make_sample
+from criticalkv.eval.tasks.scoring import (
     METRICS,
     bind_metric,
     char_credit,
@@ -16,9 +19,6 @@ from criticalkv.eval.tasks.metrics import (
     string_match_all,
     string_match_part,
 )
-from criticalkv.eval.tasks.needle import digit_credit, exact_match, make_needle_sample
-from criticalkv.eval.tasks.qa_data import qa_documents
-from criticalkv.eval.tasks.ruler import NOISE, TASK_NAMES, essay_sentences, essay_words, make_sample
 from criticalkv.eval.tasks.words import ADJECTIVES, NOUNS, distinct_keys
 
 __all__ = [

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from criticalkv.eval.sample import Sample
-from criticalkv.eval.tasks.metrics import METRICS
+from criticalkv.eval.tasks.scoring import METRICS
 
 logger = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
 def get_metric(name: str) -> Callable[[str, Sequence[str]], float]:
     """A metric that needs only ``(prediction, answers)``; see :func:`bind_metric` for the rest."""
     if name not in METRICS:
-        from criticalkv.eval.longbench.metrics import SCORERS
+        from criticalkv.eval.longbench.scoring import SCORERS
 
         hint = " (a LongBench metric: score it with bind_metric(sample))" if name in SCORERS else ""
         raise ValueError(f"unknown metric {name!r}{hint}; choose from: {', '.join(METRICS)}")
@@ -72,7 +72,7 @@ def bind_metric(sample: Sample) -> Callable[[str, Sequence[str]], float]:
     """The ``(prediction, answers) -> score`` function of ``sample``: a plain metric by name, or
     a LongBench metric bound to what it needs from the sample (``all_classes`` for
     classification, the first-line post-processing of the few-shot datasets)."""
-    from criticalkv.eval.longbench.metrics import SCORERS, bind
+    from criticalkv.eval.longbench.scoring import SCORERS, bind
 
     if sample.metric in SCORERS:
         return bind(sample)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from criticalkv.eval.store import (
+from criticalkv.eval.results import (
     LAYOUT,
     RESULTS,
     RUN,
