@@ -2,8 +2,8 @@
 
 The library's checks (:class:`~criticalkv.cache.spec.CacheSpec` and what it validates) raise
 :class:`OptionError`: its message is written once as a template whose ``<name>`` markers are
-option names. ``str(error)`` spells them as the Python keywords (``kv_residual``); the command
-line asks for :meth:`OptionError.spelled` with its flags (``--kv-residual``). Nothing rewrites a
+option names. ``str(error)`` spells them as the Python keywords (``decode_budget``); the command
+line asks for :meth:`OptionError.spelled` with its flags (``--decode-budget``). Nothing rewrites a
 finished message.
 """
 
@@ -39,7 +39,7 @@ class OptionTypeError(OptionError, TypeError):
 
 
 def flag_spelling(*options: str, **overrides: str) -> dict[str, str]:
-    """The command line's names of ``options``: ``kv_residual`` -> ``--kv-residual``, unless overridden."""
+    """The command line's names of ``options``: ``decode_budget`` -> ``--decode-budget``, unless overridden."""
     names = {name: "--" + name.replace("_", "-") for name in options}
     names.update(overrides)
     return names

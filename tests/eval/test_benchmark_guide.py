@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GUIDE = ROOT / "docs" / "contributing.md"
+from tests.helpers import guide
+
+GUIDE = guide.GUIDE
 ACTIONS = ("benchmark file", "benchmark import in", "benchmark registration appended to")
 
 #: run in the copy: the CLI accepts the new name, and a sweep of it records its option
@@ -45,27 +44,11 @@ print(json.dumps({"records": rows, "identity": config.identity(), "run_json": (o
 
 def guide_steps() -> list[tuple[str, str, str]]:
     """``(action, path, code)`` of every code block of the benchmark example."""
-    steps = []
-    for block in re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S):
-        first, _, code = block.partition("\n")
-        match = re.fullmatch(r"# (" + "|".join(ACTIONS) + r"): (\S+)", first.strip())
-        if match:
-            steps.append((match.group(1), match.group(2), code))
-    return steps
+    return guide.guide_steps(ACTIONS)
 
 
 def follow(steps: list[tuple[str, str, str]], tree: Path) -> None:
-    for action, path, code in steps:
-        target = tree / path
-        if action == "benchmark file":
-            assert not target.exists(), f"the guide's new file {path} already exists"
-            target.write_text(code)
-        elif action == "benchmark registration appended to":
-            target.write_text(target.read_text() + "\n" + code)
-        else:  # after the last top-level import line
-            lines = target.read_text().splitlines(keepends=True)
-            last = max(i for i, line in enumerate(lines) if line.startswith(("from ", "import ")))
-            target.write_text("".join([*lines[: last + 1], code, *lines[last + 1 :]]))
+    guide.follow(steps, tree, new=ACTIONS[0], append=ACTIONS[2], gap="\n")
 
 
 def test_a_new_benchmark_is_two_files() -> None:
@@ -77,9 +60,7 @@ def test_a_new_benchmark_is_two_files() -> None:
 
 @pytest.mark.slow
 def test_the_benchmark_example_runs_a_sweep(tmp_path: Path) -> None:
-    tree = tmp_path / "tree"
-    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    tree = guide.copy_tree(tmp_path / "tree", ("src", "tests"))
     follow(guide_steps(), tree)
     env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree}"}
     command = [sys.executable, "-c", SCRIPT, str(tmp_path / "run")]

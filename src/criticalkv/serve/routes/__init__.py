@@ -19,12 +19,22 @@ from criticalkv.serve.background import PendingContexts
 from criticalkv.serve.engine import Engine
 from criticalkv.serve.routes import chat, completions, contexts, health, metrics, models
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "add_routes"]
+
+#: the route modules, each with ``add_routes(app, engine)``, in the order they are registered
+ROUTES = (
+    models,
+    chat,
+    completions,
+    contexts,
+    health,
+    metrics,
+)
 
 
 def add_routes(app: FastAPI, engine: Engine) -> None:
-    """Register every route of the server on ``app`` (with the contexts compressing in the
+    """Register every route of :data:`ROUTES` on ``app`` (with the contexts compressing in the
     background, ``app.state.pending``, which the contexts and chat routes share)."""
     app.state.pending = PendingContexts()
-    for module in (models, chat, completions, contexts, health, metrics):
+    for module in ROUTES:
         module.add_routes(app, engine)
