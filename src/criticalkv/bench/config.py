@@ -82,7 +82,10 @@ class BenchConfig:
             raise ValueError("give at least one context length (--context-lengths)")
         full = CacheSpec(get_method("full"), 1.0, self.window)
         for length in self.context_lengths:
-            full.check_compressible(length, "context")
+            try:
+                full.check_compressible(length, "context")
+            except PromptTooShort as err:
+                raise PromptTooShort(f"--context-lengths {length}: {err}") from None
             for row in rows:
                 try:
                     row.check_compressible(length)
