@@ -30,6 +30,7 @@ from criticalkv import attach, load_model
 from criticalkv.bench.decode import Lockstep, held_caches, prefill_logits, step_metrics
 from criticalkv.bench.figure import plot_steps
 from criticalkv.bench.prompt import prompt_ids
+from criticalkv.cache import CacheSpec
 
 
 def buckets(new_tokens: int) -> list[tuple[int, int]]:
@@ -76,14 +77,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ids = prompt_ids(tokenizer, args.prompt_tokens)
     lockstep = Lockstep.after(ids)
     names = cache_names(args)
-    caches = held_caches(
-        model,
-        args.methods,
+    spec = CacheSpec.of(  # the options parsed once; each method takes them (held_caches)
+        args.methods[0],
         args.prefill_budget,
-        window=args.window,
+        args.window,
         decode_budget=args.decode_budget,
         decode_interval=args.decode_interval,
     )
+    caches = held_caches(model, args.methods, spec)
     streams = kvpress_streams(args, args.prompt_tokens)
 
     def kv_bytes(name: str) -> int:

@@ -32,6 +32,7 @@ from criticalkv import attach, load_model
 from criticalkv.bench.decode import Lockstep, held_caches, prefill_logits, step_metrics
 from criticalkv.bench.figure import plot_steps
 from criticalkv.bench.prompt import prompt_ids
+from criticalkv.cache import CacheSpec
 
 #: the issue's position buckets (generated tokens)
 EDGES = (0, 512, 1024, 2048, 4096)
@@ -49,14 +50,14 @@ def run(args: argparse.Namespace) -> None:
     attach(model)
     ids = prompt_ids(tokenizer, args.prompt_tokens)
     lockstep = Lockstep.after(ids)
-    caches = held_caches(
-        model,
-        args.methods,
+    spec = CacheSpec.of(  # the options parsed once; each method takes them (held_caches)
+        args.methods[0],
         args.prefill_budget,
-        window=args.window,
+        args.window,
         decode_budget=args.decode_budget,
         decode_interval=args.decode_interval,
     )
+    caches = held_caches(model, args.methods, spec)
     logits = {name: prefill_logits(model, cache, ids).float() for name, cache in caches.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))

@@ -54,6 +54,7 @@ from criticalkv.bench.kvpress_quantized import pair_unavailable
 from criticalkv.bench.plan import Run, plan_runs
 from criticalkv.bench.record import BenchRecord
 from criticalkv.bench.runner import measure_run
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.commands.common import budgets_arg, methods_arg
 from criticalkv.ops import ragged_decode_reference
 
@@ -293,8 +294,13 @@ def bench_config(args: argparse.Namespace, tokens: int, kvpress: bool) -> BenchC
         decode_tokens=args.decode_steps,
         window=args.window,
         kvpress="auto" if kvpress else "off",
-        kv_bits=args.kv_bits or None,
+        storage=KVQuantization(args.kv_bits) if args.kv_bits else None,  # --kv-bits 0: 16 bits only
     )
+
+
+def stored_bits(record: BenchRecord) -> int:
+    """The bits a record's kept entries were stored in (16: the model's dtype)."""
+    return 16 if record.storage is None else record.storage.bits
 
 
 def row_line(record: BenchRecord, seconds: float) -> str:
@@ -302,7 +308,7 @@ def row_line(record: BenchRecord, seconds: float) -> str:
     name = record.method if record.press is None else f"{record.method} ({record.press})"
     peak = "" if record.peak_device_bytes is None else f", peak CUDA {record.peak_device_bytes / GIB:.2f} GiB"
     return (
-        f"{record.impl} {name} budget {record.budget:g} {record.kv_bits or 16}-bit: "
+        f"{record.impl} {name} budget {record.budget:g} {stored_bits(record)}-bit: "
         f"prefill+compress {record.ttft_s:.3f} s (compress {record.compress_s:.3f} s), "
         f"decode {record.decode_ms_per_token:.2f} ms/token, KV {record.kv_bytes / MIB:.1f} of "
         f"{record.kv_bytes_full / MIB:.1f} MiB ({record.kv_ratio:.3f}){peak} [{seconds:.1f} s]"
@@ -322,7 +328,7 @@ def kvpress_state(wanted: bool) -> tuple[Any, str]:
 
 def label(run: Run) -> str:
     """A run of the plan in a few words."""
-    bits = 16 if run.storage is None else run.storage[0]
+    bits = 16 if run.storage is None else run.storage.bits
     return f"{run.impl} {run.method} budget {float(run.budget):g} {bits}-bit"
 
 
@@ -418,7 +424,7 @@ def table(records: list[BenchRecord]) -> list[str]:
         name = r.method if r.press is None else f"{r.method} ({r.press})"
         peak = "" if r.peak_device_bytes is None else f"{r.peak_device_bytes / GIB:.2f}"
         lines.append(
-            f"| {r.impl} | {name} | {r.budget:g} | {r.kv_bits or 16} | {r.ttft_s:.3f} | {r.compress_s:.3f} "
+            f"| {r.impl} | {name} | {r.budget:g} | {stored_bits(r)} | {r.ttft_s:.3f} | {r.compress_s:.3f} "
             f"| {r.decode_ms_per_token:.2f} | {r.kv_bytes / MIB:.1f} | {r.kv_ratio:.3f} | {peak} |"
         )
     return lines

@@ -146,7 +146,11 @@ def test_cli_writes_outputs(tiny_folder: Path, tmp_path: Path, capsys: pytest.Ca
     ("extra", "message"),
     [
         (["--context-lengths", "2000"], "at most 1024 positions"),
-        (["--context-lengths", "8"], "longer than the window"),
+        (
+            ["--context-lengths", "4"],
+            "--context-lengths 4: the context has 4 tokens, fewer than the observation window (8)",
+        ),
+        (["--context-lengths", "8"], "--budgets 0.2 at --context-lengths 8: the prompt has 8 tokens: the budget"),
         (["--decode-tokens", "0"], "decode_tokens"),
         (["--batch-sizes", "0"], "batch sizes"),
         (["--methods", "nope"], "unknown method"),

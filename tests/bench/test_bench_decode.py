@@ -12,6 +12,8 @@ from transformers import PreTrainedModel
 from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.report import format_table
 from criticalkv.bench.runner import load_records, record_key
+from criticalkv.cache import DecodeBudget
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -33,9 +35,7 @@ def _config(**changes: object) -> BenchConfig:
 
 def test_decode_budget_bounds_the_peak_and_is_recorded(tiny_llama: PreTrainedModel) -> None:
     plain = {r.method: r for r in run_bench(_config(), tiny_llama, char_tokenizer())}
-    bounded = {
-        r.method: r for r in run_bench(_config(decode_budget=16, decode_interval=8), tiny_llama, char_tokenizer())
-    }
+    bounded = {r.method: r for r in run_bench(_config(decode=DecodeBudget(16, 8)), tiny_llama, char_tokenizer())}
     assert plain["full"].kv_bytes_peak is not None and plain["full"].kv_bytes_peak > plain["full"].kv_bytes
     assert bounded["full"].decode_budget is None  # the reference keeps everything either way
     for name in ("snapkv", "critical-adakv"):
@@ -56,7 +56,7 @@ def test_decode_records_resume_apart_from_plain_ones(tiny_llama: PreTrainedModel
     first = run_bench(config, tiny_llama, char_tokenizer(), out=tmp_path)
     keys = [record_key(r) for r in first]
     assert keys == ["criticalkv|full|96|1.0|1", "criticalkv|snapkv|96|1.0|1"]  # unchanged without the option
-    decoded = _config(methods=["snapkv"], decode_tokens=3, batch_sizes=[1], decode_budget=16, decode_interval=8)
+    decoded = _config(methods=["snapkv"], decode_tokens=3, batch_sizes=[1], decode=DecodeBudget(16, 8))
     second = run_bench(decoded, tiny_llama, char_tokenizer(), out=tmp_path)
     assert [record_key(r) for r in second] == ["criticalkv|snapkv|96|1.0|1|decode=16/8"]  # full is shared
     assert run_bench(decoded, tiny_llama, char_tokenizer(), out=tmp_path) == []
@@ -72,11 +72,11 @@ def test_old_records_without_decode_fields_keep_their_key() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"decode_budget": 4}, "below the observation window"),
-        ({"decode_budget": 16, "decode_interval": 0}, "decode_interval must be a positive"),
-        ({"decode_budget": 16, "methods": ["expected-attention"]}, "cannot re-select while decoding"),
-        ({"decode_budget": 16, "kv_bits": 4, "kv_residual": 32}, "longer than the decode budget"),
-        ({"decode_budget": 16.5}, "token count per KV head"),
+        ({"decode": DecodeBudget(4)}, "below the observation window"),
+        ({"decode": DecodeBudget(16, 0)}, "decode_interval must be a positive"),
+        ({"decode": DecodeBudget(16), "methods": ["expected-attention"]}, "cannot re-select while decoding"),
+        ({"decode": DecodeBudget(16), "storage": KVQuantization(4, residual=32)}, "longer than the decode budget"),
+        ({"decode": DecodeBudget(16.5)}, "token count per KV head"),  # type: ignore[arg-type]
     ],
 )
 def test_config_rejects_bad_decode_input(changes: dict[str, object], message: str) -> None:

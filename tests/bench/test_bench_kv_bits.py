@@ -12,8 +12,11 @@ from transformers import PreTrainedModel
 from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.kvpress_quantized import quanto_unavailable
 from criticalkv.bench.plan import plan_runs
+from criticalkv.bench.record import BenchRecord
 from criticalkv.bench.report import derived, format_table
 from criticalkv.bench.runner import record_key
+from criticalkv.cache import DecodeBudget, PromptTooShort
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -28,26 +31,32 @@ def _config(**changes: object) -> BenchConfig:
         decode_tokens=3,
         window=8,
         kvpress="off",
-        kv_bits=4,
-        kv_group_size=8,
+        storage=KVQuantization(4, 8),
     )
     base.update(changes)
     return BenchConfig(**base)  # type: ignore[arg-type]
 
 
+def _bits(record: BenchRecord) -> int | None:
+    """The bits a record's entries were stored in as its JSON line spells them (``None``: unquantized)."""
+    return record.to_dict()["kv_bits"]
+
+
 def test_quantized_rows_beside_unquantized_ones(tiny_llama: PreTrainedModel, tmp_path: Path) -> None:
     records = run_bench(_config(), tiny_llama, char_tokenizer(), out=tmp_path)
-    assert [(r.method, r.kv_bits) for r in records] == [
+    assert [(r.method, _bits(r)) for r in records] == [
         ("full", None),
         ("snapkv", None),
         ("snapkv", 4),
         ("critical-adakv", None),
         ("critical-adakv", 4),
     ]
-    by = {(r.method, r.kv_bits): r for r in records}
+    by = {(r.method, _bits(r)): r for r in records}
     for name in ("snapkv", "critical-adakv"):
         plain, four = by[(name, None)], by[(name, 4)]
-        assert (four.kv_group_size, four.kv_residual) == (8, None)  # None: the cache's default residual
+        assert four.storage == KVQuantization(4, 8) and plain.storage is None
+        spelled = four.to_dict()
+        assert (spelled["kv_group_size"], spelled["kv_residual"]) == (8, None)  # None: the cache's default residual
         assert plain.kv_bytes == by[("snapkv", None)].kv_bytes  # same budget, same bytes (float32)
         assert four.kv_bytes_full == plain.kv_bytes_full
         assert four.kv_bytes < 0.5 * plain.kv_bytes  # 4-bit data + per-group scales and zero points
@@ -64,30 +73,34 @@ def test_quantized_rows_beside_unquantized_ones(tiny_llama: PreTrainedModel, tmp
     assert "snapkv+q4" in table and "vs 16b" in table and "bits" in table
     assert record_key(by[("snapkv", 4)]) == "criticalkv|snapkv|96|0.5|2|kv=4/8/-"
     assert run_bench(_config(), tiny_llama, char_tokenizer(), out=tmp_path) == []  # resumed: nothing left
-    assert [r.kv_bits for r in run_bench(_config(kv_residual=4), tiny_llama, char_tokenizer(), out=tmp_path)] == [4, 4]
+    resumed = run_bench(_config(storage=KVQuantization(4, 8, 4)), tiny_llama, char_tokenizer(), out=tmp_path)
+    assert [_bits(r) for r in resumed] == [4, 4]  # another residual: other rows
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"kv_bits": 3}, "kv_bits must be 16 .not quantized., 8 or 4, not 3"),
-        ({"kv_bits": 16}, "the model's own dtype: give 8 or 4"),
-        ({"kv_bits": None}, "give kv_bits 8 or 4 too"),
-        ({"kv_group_size": 0}, "group size .kv_group_size. must be a positive integer"),
-        ({"kv_residual": 40, "budgets": [32]}, "longer than the budget"),
-        ({"decode_budget": 16, "kv_residual": 32}, "longer than the decode budget"),
+        ({"storage": KVQuantization(4, 8, 40), "budgets": [32]}, "longer than the budget"),
+        ({"decode": DecodeBudget(16), "storage": KVQuantization(4, 8, 32)}, "longer than the decode budget"),
         ({"methods": []}, "at least one method besides full"),
     ],
 )
 def test_config_rejects_bad_storage_input(changes: dict[str, object], message: str) -> None:
-    with pytest.raises((ValueError, TypeError), match=message):
+    with pytest.raises(ValueError, match=message):
         _config(**changes)
 
 
+def test_a_residual_longer_than_a_fraction_budget_is_refused_before_measuring(tiny_llama: PreTrainedModel) -> None:
+    """0.25 of 96 tokens is 24 entries per head, shorter than a 40-token exact residual: refused by the
+    row's spec (``check_compressible``), where it used to fail after the full cache was measured."""
+    with pytest.raises(PromptTooShort, match=r"--budgets 0.25 at --context-lengths 96: .* longer than the budget"):
+        _config(storage=KVQuantization(4, 8, 40), budgets=[0.25])
+
+
 def test_group_size_must_divide_the_models_head_dimension(tiny_llama: PreTrainedModel) -> None:
-    _config(kv_group_size=None).check_model(tiny_llama)  # the default 64 is a multiple of head_dim 16
+    _config(storage=KVQuantization(4)).check_model(tiny_llama)  # the default 64 is a multiple of head_dim 16
     with pytest.raises(ValueError, match=r"group size \(kv_group_size\) 24 does not divide the head dimension 16"):
-        _config(kv_group_size=24).check_model(tiny_llama)
+        _config(storage=KVQuantization(4, 24)).check_model(tiny_llama)
 
 
 def _planned(config: BenchConfig, reason: str | None) -> tuple[list[str], list[str]]:
@@ -107,8 +120,8 @@ def test_kvpress_quantized_pairs_are_planned_or_explained() -> None:
 
 
 def test_kvpress_decode_pairs_are_planned_or_explained() -> None:
-    config = _config(methods=["snapkv", "adakv", "knorm"], kv_bits=None, kv_group_size=None, kvpress="auto")
-    config.decode_budget, config.decode_interval = 16, 8
+    config = _config(methods=["snapkv", "adakv", "knorm"], storage=None, kvpress="auto")
+    config.decode = DecodeBudget(16, 8)
     keys, notes = _planned(config, None)
     assert keys == ["kvpress|knorm|96|0.5|2|decode=16/8"]
     assert any(n.startswith("snapkv: kvpress's DecodingPress scores on the last 8") for n in notes)

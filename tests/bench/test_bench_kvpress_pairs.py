@@ -13,7 +13,10 @@ from transformers import PreTrainedModel
 from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.bench.kvpress_quantized import pair_unavailable, quanto_unavailable
+from criticalkv.bench.record import BenchRecord
 from criticalkv.bench.report import derived, format_table
+from criticalkv.cache import DecodeBudget
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -29,6 +32,11 @@ def _entry_bytes(model: PreTrainedModel) -> int:
     return 2 * config.num_key_value_heads * config.head_dim * 4 * config.num_hidden_layers
 
 
+def _bits(record: BenchRecord) -> int | None:
+    """The bits a record's entries were stored in as its JSON line spells them (``None``: unquantized)."""
+    return record.to_dict()["kv_bits"]
+
+
 def _config(**changes: object) -> BenchConfig:
     base: dict[str, object] = dict(
         context_lengths=[96],
@@ -38,8 +46,7 @@ def _config(**changes: object) -> BenchConfig:
         decode_tokens=30,
         window=WINDOW,
         kvpress="on",
-        decode_budget=BUDGET,
-        decode_interval=INTERVAL,
+        decode=DecodeBudget(BUDGET, INTERVAL),
     )
     base.update(changes)
     return BenchConfig(**base)  # type: ignore[arg-type]
@@ -74,9 +81,9 @@ def test_decoding_press_beside_our_decode_budget(tiny_llama: PreTrainedModel) ->
 @pytest.mark.skipif(pair_unavailable(4) is None, reason="a QuantizedCache backend (quanto or hqq) imports here")
 def test_without_quanto_the_quantized_pair_is_skipped_with_its_reason(tiny_llama: PreTrainedModel) -> None:
     notes: list[str] = []
-    config = _config(methods=["snapkv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    config = _config(methods=["snapkv"], decode=None, storage=KVQuantization(4, 8), decode_tokens=2)
     records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"), notes=notes)
-    assert [(r.impl, r.kv_bits) for r in records] == [
+    assert [(r.impl, _bits(r)) for r in records] == [
         ("criticalkv", None),
         ("criticalkv", None),
         ("kvpress", None),
@@ -89,11 +96,11 @@ def test_without_quanto_the_quantized_pair_is_skipped_with_its_reason(tiny_llama
 
 @pytest.mark.skipif(quanto_unavailable(4) is not None, reason="optimum-quanto does not import here")
 def test_kvpress_on_a_quanto_cache_beside_ours_quantized(tiny_llama: PreTrainedModel) -> None:
-    config = _config(methods=["snapkv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    config = _config(methods=["snapkv"], decode=None, storage=KVQuantization(4, 8), decode_tokens=2)
     records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"))
-    by = {(r.impl, r.method, r.kv_bits): r for r in records}
+    by = {(r.impl, r.method, _bits(r)): r for r in records}
     quanto, plain = by[("kvpress", "snapkv", 4)], by[("kvpress", "snapkv", None)]
-    assert quanto.press == "SnapKV+quanto4" and (quanto.kv_group_size, quanto.kv_bits) == (8, 4)
+    assert quanto.press == "SnapKV+quanto4" and quanto.storage == KVQuantization(4, 8)
     assert quanto.kv_bytes < plain.kv_bytes
     assert plain.bits_per_element == 32.0  # float32 DynamicCache
     assert quanto.bits_per_element == pytest.approx(4 + 2 * 32 / 8)  # a float32 scale and shift per group of 8
@@ -105,11 +112,11 @@ def test_kvpress_on_a_quanto_cache_beside_ours_quantized(tiny_llama: PreTrainedM
     quanto_unavailable(4) is None or pair_unavailable(4) is not None, reason="quanto imports here, or hqq does not"
 )
 def test_kvpress_on_an_hqq_cache_where_quanto_is_absent(tiny_llama: PreTrainedModel) -> None:
-    config = _config(methods=["snapkv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    config = _config(methods=["snapkv"], decode=None, storage=KVQuantization(4, 8), decode_tokens=2)
     records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"))
-    by = {(r.impl, r.method, r.kv_bits): r for r in records}
+    by = {(r.impl, r.method, _bits(r)): r for r in records}
     hqq, plain = by[("kvpress", "snapkv", 4)], by[("kvpress", "snapkv", None)]
-    assert hqq.press == "SnapKV+hqq4" and (hqq.kv_group_size, hqq.kv_bits) == (8, 4)
+    assert hqq.press == "SnapKV+hqq4" and hqq.storage == KVQuantization(4, 8)
     assert hqq.kv_bytes < plain.kv_bytes
 
 
@@ -117,9 +124,9 @@ def test_kvpress_on_an_hqq_cache_where_quanto_is_absent(tiny_llama: PreTrainedMo
 def test_a_masking_press_on_a_quantized_cache_holds_every_entry(tiny_llama: PreTrainedModel) -> None:
     """kvpress's AdaKV masks: on transformers' QuantizedCache it still holds all 96 entries (at 4
     bits), ours holds the kept quarter; both count the same bits per entry held."""
-    config = _config(methods=["adakv"], decode_budget=None, kv_bits=4, kv_group_size=8, decode_tokens=2)
+    config = _config(methods=["adakv"], decode=None, storage=KVQuantization(4, 8), decode_tokens=2)
     records = run_bench(config, tiny_llama, char_tokenizer(), kvpress_model=make_tiny("llama"))
-    by = {(r.impl, r.kv_bits): r for r in records if r.method == "adakv"}
+    by = {(r.impl, _bits(r)): r for r in records if r.method == "adakv"}
     theirs, theirs_plain, ours = by[("kvpress", 4)], by[("kvpress", None)], by[("criticalkv", 4)]
     assert theirs_plain.kv_bytes == theirs_plain.kv_bytes_full and theirs_plain.bits_per_element == 32.0
     assert theirs.bits_per_element is not None and theirs.bits_per_element < 16

@@ -12,6 +12,7 @@ import torch
 import criticalkv as ckv
 from criticalkv.bench.decode import Lockstep, held_caches, prefill_logits, step_metrics
 from criticalkv.bench.prompt import prompt_ids
+from criticalkv.cache import CacheSpec
 from criticalkv.runtime import append_tokens, prefill_into
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -21,10 +22,13 @@ from tests.helpers.tiny_tokenizer import char_tokenizer
 def test_lockstep_decodes_as_append_tokens_for_every_cache() -> None:
     model = ckv.attach(make_tiny("llama"))
     ids = torch.randint(3, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
-    caches = held_caches(model, ["snapkv", "critical-adakv"], 16, window=4, decode_budget=16, decode_interval=4)
-    references = held_caches(model, ["snapkv", "critical-adakv"], 16, window=4, decode_budget=16, decode_interval=4)
+    spec = CacheSpec.of("snapkv", 16, 4, decode_budget=16, decode_interval=4)
+    caches = held_caches(model, ["snapkv", "critical-adakv"], spec)
+    references = held_caches(model, ["snapkv", "critical-adakv"], spec)
     assert list(caches) == ["full", "snapkv", "critical-adakv"]
     assert caches["full"].method.name == "full" and caches["snapkv"].decode is not None
+    assert caches["critical-adakv"].spec == spec.replaced(method=caches["critical-adakv"].method)
+    assert caches["full"].spec.window == 4 and caches["full"].spec.decode is None
     lockstep, masks = Lockstep.after(ids), {}
     token = {}
     for name in caches:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from criticalkv.bench.record import BenchRecord
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.ops import ragged_decode_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def test_the_doc_holds_what_was_measured(tmp_path: Path) -> None:
         impl="criticalkv", method="adakv", context_tokens=32768, budget=0.1, batch_size=1, prefill_s=0.5,
         compress_s=0.02, ttft_s=0.52, decode_ms_per_token=7.25, decode_tokens=16, tokens_per_s=137.9,
         kv_bytes=53687091, kv_bytes_full=536870912, peak_rss_bytes=None, peak_device_bytes=5 * 2**30,
-        device="cuda:0", kv_bits=4,
+        device="cuda:0", storage=KVQuantization(4),
     )  # fmt: skip
     report = gpu_check.Report(device="GPU X, 80.0 GiB", tests="3 passed in 1.0s", op=["bfloat16 16 bits: pass"])
     report.model, report.records, report.notes = "LlamaForCausalLM, random weights", [record], ["a note"]

@@ -14,6 +14,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
 from criticalkv.bench.ours import cache_bits_per_element, dynamic_cache_bytes, state_bytes
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.eval.sweep import SampleEvaluator, SweepConfig
 from criticalkv.runtime.forward import prefill_into
 from tests.conftest import VOCAB, make_tiny
@@ -138,7 +139,7 @@ def test_the_kvpress_pairing_falls_back_to_hqq(model: PreTrainedModel) -> None:
     from criticalkv.bench.kvpress_quantized import pair_unavailable, quantized_cache
 
     assert pair_unavailable(8) is None
-    cache, backend = quantized_cache(model, (8, 16, None))
+    cache, backend = quantized_cache(model, KVQuantization(8, 16))
     assert backend == "hqq" and cache.layers[0].residual_length == 64 and cache.layers[0].q_group_size == 16
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # the runtime's call: the cache keyword differs across transformers versions

@@ -168,9 +168,9 @@ def test_bench_takes_a_token_count_budget() -> None:
 @pytest.mark.parametrize(
     ("budgets", "message"),
     [
-        ([512], "--budgets 512 at --context-lengths 160: budget 512 tokens exceeds the context length"),
-        ([4], "--budgets 4 at --context-lengths 160: the budget (4 tokens per head) is smaller than the"),
-        ([0.01], "--budgets 0.01 at --context-lengths 160: the budget (1 tokens per head)"),
+        ([512], "--budgets 512 at --context-lengths 160: the prompt has 160 tokens: budget 512 tokens exceeds the"),
+        ([4], "--budgets 4 at --context-lengths 160: the prompt has 160 tokens: the budget (4 tokens per head) is"),
+        ([0.01], "--budgets 0.01 at --context-lengths 160: the prompt has 160 tokens: the budget (1 tokens per head)"),
     ],
 )
 def test_bench_refuses_budgets_that_cannot_run_before_measuring(budgets: list[float], message: str) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from criticalkv.bench.instruments import now
-from criticalkv.cache import CompressedCache
+from criticalkv.cache import CacheSpec, CompressedCache, bind_spec
 from criticalkv.compat import cache_argument
+from criticalkv.methods import get_method
 from criticalkv.runtime.forward import append_tokens
 
 
@@ -94,16 +95,14 @@ class Lockstep:
         return out.logits[:, -1]
 
 
-def held_caches(
-    model: Any, methods: list[str], budget: float | int, *, window: int, decode_budget: int, decode_interval: int
-) -> dict[str, CompressedCache]:
-    """The full cache, then one cache per method at the prefill ``budget`` held at ``decode_budget``
-    while it decodes (what the long-generation scripts step in lockstep)."""
-    caches = {"full": CompressedCache.for_model(model, "full", 1.0, window=window)}
+def held_caches(model: Any, methods: list[str], spec: CacheSpec) -> dict[str, CompressedCache]:
+    """The full cache (at ``spec``'s window), then one cache per method as ``spec`` describes it (its
+    prefill budget, window, decode budget and storage), bound to ``model``: what the long-generation
+    scripts step in lockstep."""
+    layers = model.config.num_hidden_layers
+    caches = {"full": CompressedCache.from_spec(layers, CacheSpec(get_method("full"), 1.0, spec.window))}
     for method in methods:
-        caches[method] = CompressedCache.for_model(
-            model, method, budget, window=window, decode_budget=decode_budget, decode_interval=decode_interval
-        )
+        caches[method] = CompressedCache.from_spec(layers, bind_spec(spec.replaced(method=method), model))
     return caches
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from criticalkv.bench.config import BenchConfig
+from criticalkv.bench.record import storage_fields
 from criticalkv.cache.persist import model_fingerprint
+from criticalkv.defaults import DEFAULT_INTERVAL
 from criticalkv.runs import FolderLayout, open_folder, provenance, versions
 from criticalkv.runtime.forward import input_device
 
@@ -59,6 +61,23 @@ def bench_identity(config: BenchConfig, model: Any, kvpress: bool, fingerprint: 
     return identity
 
 
+def config_entry(config: BenchConfig) -> dict[str, Any]:
+    """``config`` as ``run.json``'s history holds it: its fields (without the head-score file), the
+    decode budget as ``decode_budget``/``decode_interval`` (``None`` and the default interval without
+    one) and the storage as the records spell it (:func:`~criticalkv.bench.record.storage_fields`)."""
+    entry: dict[str, Any] = {}
+    for name, value in asdict(config).items():
+        if name == "decode":
+            decode = config.decode
+            entry["decode_budget"] = None if decode is None else decode.budget
+            entry["decode_interval"] = DEFAULT_INTERVAL if decode is None else decode.interval
+        elif name == "storage":
+            entry.update(storage_fields(config.storage))
+        elif name != "head_scores":
+            entry[name] = value
+    return entry
+
+
 def open_bench_folder(out: Path, config: BenchConfig, model: Any, kvpress: bool) -> dict[str, Any]:
     """Create ``out/run.json`` or check it against this run's identity; append this run to its history.
 
@@ -71,7 +90,7 @@ def open_bench_folder(out: Path, config: BenchConfig, model: Any, kvpress: bool)
     entry = {
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "model_name": fingerprint["name"],
-        "config": {key: value for key, value in asdict(config).items() if key != "head_scores"},
+        "config": config_entry(config),
         **provenance(),
     }
     return open_folder(out, LAYOUT, bench_identity(config, model, kvpress, fingerprint), entry)

@@ -22,8 +22,9 @@ from transformers import DynamicCache
 from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.instruments import now, reset_peak_memory, synchronize
 from criticalkv.bench.kvpress_quantized import quantized_cache
-from criticalkv.bench.ours import StorageOptions, cache_bits_per_element, dynamic_cache_bytes
+from criticalkv.bench.ours import cache_bits_per_element, dynamic_cache_bytes
 from criticalkv.bench.record import BenchRecord, measured
+from criticalkv.cache.quantized import KVQuantization
 from criticalkv.runtime.forward import prefill_into
 
 logger = logging.getLogger(__name__)
@@ -138,13 +139,14 @@ def measure_kvpress(
     window: int,
     decode_tokens: int,
     *,
-    storage: StorageOptions | None = None,
+    storage: KVQuantization | None = None,
 ) -> BenchRecord:
     """Prefill under kvpress's press for ``method`` at ``budget`` (kept fraction), then decode.
 
-    ``model`` must be a plain (sdpa) model, not one attached to criticalkv. ``storage``: (bits,
-    group size, residual) to hold the cache in transformers' ``QuantizedCache`` (quanto, else HQQ)
-    (:mod:`criticalkv.bench.kvpress_quantized`) instead of a ``DynamicCache``.
+    ``model`` must be a plain (sdpa) model, not one attached to criticalkv. ``storage``: our
+    quantization, to hold the cache at its bits, group size and residual in transformers'
+    ``QuantizedCache`` (quanto, else HQQ; :mod:`criticalkv.bench.kvpress_quantized`) instead of a
+    ``DynamicCache``.
     """
     if method not in KVPRESS_METHODS:
         raise ValueError(f"kvpress has no equivalent of {method!r}; it has: {', '.join(KVPRESS_METHODS)}")
@@ -177,7 +179,7 @@ def measure_kvpress(
         storage=storage,
         bits_per_element=run.bits_per_element,
         greedy_tokens=run.greedy_tokens,
-        press=label if storage is None else f"{label}+{backend}{storage[0]}",
+        press=label if storage is None else f"{label}+{backend}{storage.bits}",
     )
 
 

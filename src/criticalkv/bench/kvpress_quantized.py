@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from criticalkv.bench.hf_quantized import backend_unavailable, hf_quantized_cache, pick_backend
-from criticalkv.bench.ours import StorageOptions
-from criticalkv.cache.quantized import DEFAULT_RESIDUAL
+from criticalkv.cache.quantized import DEFAULT_RESIDUAL, KVQuantization
 
 #: the bit widths transformers' quanto ``QuantizedCache`` layer accepts
 QUANTO_BITS = (2, 4)
@@ -33,12 +32,11 @@ def pair_unavailable(bits: int) -> str | None:
     return pick_backend(bits)[1]
 
 
-def quantized_cache(model: Any, storage: StorageOptions) -> tuple[Any, str]:
-    """transformers' ``QuantizedCache`` for ``model`` at (bits, group size, residual), and its backend
-    (quanto where it can, else HQQ)."""
-    bits, group, residual = storage
-    backend, reason = pick_backend(bits)
+def quantized_cache(model: Any, storage: KVQuantization) -> tuple[Any, str]:
+    """transformers' ``QuantizedCache`` for ``model`` at our storage's bits, group size and residual
+    (the default residual where it has none), and its backend (quanto where it can, else HQQ)."""
+    backend, reason = pick_backend(storage.bits)
     if backend is None:
-        raise ValueError(f"no transformers QuantizedCache backend stores {bits} bits here: {reason}")
-    length = DEFAULT_RESIDUAL if residual is None else residual
-    return hf_quantized_cache(model, backend, bits, group, length), backend
+        raise ValueError(f"no transformers QuantizedCache backend stores {storage.bits} bits here: {reason}")
+    length = DEFAULT_RESIDUAL if storage.residual is None else storage.residual
+    return hf_quantized_cache(model, backend, storage.bits, storage.group_size, length), backend

@@ -10,17 +10,11 @@ from transformers import DynamicCache
 from criticalkv.bench.decode import greedy_ids, timed_decode
 from criticalkv.bench.instruments import now, reset_peak_memory
 from criticalkv.bench.record import BenchRecord, measured
-from criticalkv.budgets.resolve import Budget
 from criticalkv.cache import CacheSpec, bind_spec
-from criticalkv.cache.decode import DEFAULT_INTERVAL
 from criticalkv.cache.quantized import bits_per_element
-from criticalkv.methods import Method
 from criticalkv.runtime.attach import attach
 from criticalkv.runtime.compress import compress_prompt
 from criticalkv.runtime.forward import prefill_into
-
-#: (bits, group size, full-precision residual or ``None`` for the cache's default) of quantized storage
-StorageOptions = tuple[int, int, int | None]
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
@@ -95,42 +89,18 @@ def measure_full(model: Any, ids: torch.Tensor, decode_tokens: int) -> BenchReco
 
 
 @torch.no_grad()
-def measure_criticalkv(
-    model: Any,
-    ids: torch.Tensor,
-    method: str | Method,
-    budget: Budget,
-    window: int,
-    decode_tokens: int,
-    *,
-    decode_budget: int | None = None,
-    decode_interval: int = DEFAULT_INTERVAL,
-    storage: StorageOptions | None = None,
-) -> BenchRecord:
-    """One prompt through criticalkv's physically compressed cache: compression in flight
-    during the prefill (timed per layer, device synchronised), then greedy decoding.
+def measure_criticalkv(model: Any, ids: torch.Tensor, spec: CacheSpec, decode_tokens: int) -> BenchRecord:
+    """One prompt through criticalkv's physically compressed cache built from ``spec``: compression
+    in flight during the prefill (timed per layer, device synchronised), then greedy decoding.
 
-    With ``decode_budget`` the cache is held at that many entries per KV head while it decodes
-    (re-selected every ``decode_interval`` new entries per head); the re-selections are part of
-    the timed decode steps. ``storage``: (bits, group size, residual) of quantized storage
-    (``CompressedCache``'s ``kv_bits``, ``kv_group_size``, ``kv_residual``; ``None``: the model's dtype).
+    With a decode budget (``spec.decode``) the cache is held at it while it decodes; the
+    re-selections are part of the timed decode steps. With ``spec.storage`` the kept entries are
+    stored quantized. A head-prior method is bound to ``model`` here if it is not yet.
     """
     attach(model)
     device = ids.device
     length = ids.shape[1]
     reset_peak_memory(device)
-    quantized: dict[str, Any] = {}
-    if storage is not None:
-        quantized = dict(zip(("kv_bits", "kv_group_size", "kv_residual"), storage, strict=True))
-    spec = CacheSpec.of(
-        method,
-        budget,
-        window,
-        decode_budget=decode_budget,
-        decode_interval=DEFAULT_INTERVAL if decode_budget is None else decode_interval,  # a run without one
-        config=model.config,
-        **quantized,
-    )
     spec = bind_spec(spec, model)
     start = now(device)
     cache, last = compress_prompt(model, ids, torch.ones_like(ids), spec, synchronize_timing=True)
@@ -142,9 +112,9 @@ def measure_criticalkv(
     held = cache.decode
     return measured(
         "criticalkv",
-        method if isinstance(method, str) else method.name,
+        spec.method.name,
         ids,
-        float(budget),
+        float(spec.budget),
         ttft_s=ttft,
         compress_s=cache.compress_seconds,
         step_s=step_s,
@@ -154,7 +124,7 @@ def measure_criticalkv(
         kv_bytes_peak=cache.kv_bytes_peak(),
         decode=None if held is None else (held.budget, held.interval, held.reselections),
         kv_bytes_final=cache.kv_bytes(),
-        storage=storage,
+        storage=spec.storage,
         bits_per_element=bits,
         greedy_tokens=greedy_ids(first, tokens),
     )

@@ -8,6 +8,14 @@ from typing import Any
 import torch
 
 from criticalkv.bench.instruments import peak_device_bytes, peak_rss_bytes
+from criticalkv.cache.quantized import KVQuantization, storage_options
+from criticalkv.defaults import STORAGE_OPTIONS
+
+
+def storage_fields(storage: KVQuantization | None) -> dict[str, Any]:
+    """The storage options as bench records spell them: bits, group size and residual of quantized
+    storage (:func:`~criticalkv.cache.quantized.storage_options`), each ``None`` unquantized."""
+    return {**dict.fromkeys(STORAGE_OPTIONS), **storage_options(storage)}
 
 
 @dataclass
@@ -24,9 +32,10 @@ class BenchRecord:
     cache held at any step of the decode (kvpress's: read after every step). ``decode_budget`` and
     ``decode_interval`` are set when the cache was held at a decode budget while decoding
     (:mod:`criticalkv.cache.decode.budget`); ``decode_reselections`` counts its re-selections.
-    ``kv_bytes_final`` is what the cache holds after the last decode step. ``kv_bits``,
-    ``kv_group_size`` and ``kv_residual`` are set for quantized storage (ours, or kvpress's press
-    on transformers' ``QuantizedCache``), ``bits_per_element`` the bits per key or value element
+    ``kv_bytes_final`` is what the cache holds after the last decode step. ``storage`` is the
+    quantization of quantized storage (ours, or kvpress's press on transformers' ``QuantizedCache``;
+    ``None``: the model's dtype), written as the storage options (:func:`storage_fields`) by
+    :meth:`to_dict`; ``bits_per_element`` the bits per key or value element
     right after compression (scales, zero points and the full-precision residual included; for
     kvpress, over every entry its cache holds, masked ones included; ``None`` for the full
     cache). ``press`` names kvpress's press (``None`` for criticalkv's rows). ``greedy_tokens``:
@@ -58,9 +67,7 @@ class BenchRecord:
     decode_interval: int | None = None
     decode_reselections: int | None = None
     kv_bytes_final: int | None = None
-    kv_bits: int | None = None
-    kv_group_size: int | None = None
-    kv_residual: int | None = None
+    storage: KVQuantization | None = None
     bits_per_element: float | None = None
     press: str | None = None
     greedy_tokens: list[list[int]] | None = None
@@ -73,7 +80,14 @@ class BenchRecord:
         return self.kv_bytes / self.kv_bytes_full if self.kv_bytes_full else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The record as ``records.jsonl`` holds it: every field (the storage as its options, in its
+        place), then ``kv_ratio``."""
+        data: dict[str, Any] = {}
+        for name, value in asdict(self).items():
+            if name == "storage":
+                data.update(storage_fields(self.storage))
+            else:
+                data[name] = value
         data["kv_ratio"] = self.kv_ratio
         return data
 
@@ -93,7 +107,7 @@ def measured(
     kv_bytes_peak: int | None = None,
     decode: tuple[int, int, int] | None = None,
     kv_bytes_final: int | None = None,
-    storage: tuple[int, int, int | None] | None = None,
+    storage: KVQuantization | None = None,
     bits_per_element: float | None = None,
     press: str | None = None,
     greedy_tokens: list[list[int]] | None = None,
@@ -101,7 +115,7 @@ def measured(
     """A record for a run on the (B, T) prompt ``ids`` that just ended (peak memory read now).
 
     ``decode``: (decode budget, interval, re-selections done) of a cache held at a decode budget;
-    ``storage``: (bits, group size, residual) of quantized storage.
+    ``storage``: the quantization of quantized storage.
     """
     batch, length = ids.shape
     return BenchRecord(
@@ -126,9 +140,7 @@ def measured(
         decode_interval=None if decode is None else decode[1],
         decode_reselections=None if decode is None else decode[2],
         kv_bytes_final=kv_bytes_final,
-        kv_bits=None if storage is None else storage[0],
-        kv_group_size=None if storage is None else storage[1],
-        kv_residual=None if storage is None else storage[2],
+        storage=storage,
         bits_per_element=bits_per_element,
         press=press,
         greedy_tokens=greedy_tokens,

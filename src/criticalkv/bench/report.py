@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from criticalkv.bench.plan import kvpress_counterpart
+from criticalkv.cache.quantized import quantization_from_record
 
 MB = 1e6
 #: what the table's ``crit +%`` column is (the record field ``critical_overhead``)
@@ -20,12 +21,11 @@ COMPRESS_SHARE = "compression share: compress s / prefill s (the whole selection
 UNIFORM = "snapkv"
 
 
-_UNQUANTIZED: dict[str, Any] = {"kv_bits": None, "kv_group_size": None, "kv_residual": None}
-
-
-def _key(r: dict[str, Any], **changes: Any) -> tuple[Any, ...]:
+def _key(r: dict[str, Any], *, quantized: bool = True, **changes: Any) -> tuple[Any, ...]:
+    """What identifies the row ``r`` with ``changes`` among the records (``quantized=False``: its
+    unquantized counterpart's)."""
     d = {**r, **changes}
-    storage = (d.get("kv_bits"), d.get("kv_group_size"), d.get("kv_residual"))
+    storage = quantization_from_record(d) if quantized else None
     return (d["impl"], d["method"], d["context_tokens"], d["budget"], d["batch_size"], d.get("decode_budget"), storage)
 
 
@@ -35,8 +35,9 @@ def method_label(r: dict[str, Any]) -> str:
     label = r["method"]
     if r.get("decode_budget") is not None:
         label += f"+d{r['decode_budget']}"
-    if r.get("kv_bits") is not None:
-        label += f"+q{r['kv_bits']}"
+    storage = quantization_from_record(r)
+    if storage is not None:
+        label += f"+q{storage.bits}"
     return label
 
 
@@ -112,7 +113,7 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in records:
         row = dict(r)
-        full = index.get(_key(r, impl="criticalkv", method="full", budget=1.0, decode_budget=None, **_UNQUANTIZED))
+        full = index.get(_key(r, impl="criticalkv", method="full", budget=1.0, decode_budget=None, quantized=False))
         row["decode_speedup_vs_full"] = _speedup(full, r)
         row["decode_speedup_vs_full_range"] = speedup_rounds(full, r)
         row["token_match"] = token_match(full, r)
@@ -120,7 +121,7 @@ def derived(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row["decode_speedup_vs_kvpress"] = _speedup(other, r)
         uniform = index.get(_key(r, method=UNIFORM)) if r["method"] not in (UNIFORM, "full") else None
         row["decode_vs_uniform"] = _speedup(uniform, r)
-        plain = index.get(_key(r, **_UNQUANTIZED)) if r.get("kv_bits") else None
+        plain = index.get(_key(r, quantized=False)) if quantization_from_record(r) is not None else None
         row["decode_vs_unquantized"] = _speedup(plain, r)
         row["kvpress_pair"] = kvpress_pair(r, index)
         base = base_method(r["method"])

@@ -24,7 +24,8 @@ from criticalkv.bench.plan import Run, plan_runs
 from criticalkv.bench.plan import record_key as _data_key
 from criticalkv.bench.prompt import bench_prompts
 from criticalkv.bench.record import BenchRecord
-from criticalkv.methods import Method, bind, get_method
+from criticalkv.cache import bind_spec
+from criticalkv.methods import Method
 from criticalkv.runs import FolderBusy, writer_lock
 from criticalkv.runtime.forward import input_device
 
@@ -209,7 +210,6 @@ def measure_run(
     by its implementation (ours, the full cache, or kvpress's press on ``kvpress_model``)."""
     window, steps = config.window, config.decode_tokens
     if run.impl == "kvpress" and run.decode is not None:
-        budget, interval = run.decode
         return measure_kvpress_decode(
             kvpress,
             kvpress_model,
@@ -218,8 +218,8 @@ def measure_run(
             run.budget,
             window,
             steps,
-            decode_budget=budget,
-            decode_interval=interval,
+            decode_budget=run.decode.budget,
+            decode_interval=run.decode.interval,
         )
     if run.impl == "kvpress":
         return measure_kvpress(
@@ -227,18 +227,9 @@ def measure_run(
         )
     if run.method == "full":
         return measure_full(model, ids, steps)
-    chosen = with_norm_precision(bind(get_method(run.method), model, config.head_scores), config.norm_precision)
-    budget_d, interval_d = run.decode if run.decode is not None else (None, config.decode_interval)
+    spec = bind_spec(run.spec, model, config.head_scores)
     return measure_criticalkv(
-        model,
-        ids,
-        chosen,
-        run.budget,
-        window,
-        steps,
-        decode_budget=budget_d,
-        decode_interval=interval_d,
-        storage=run.storage,
+        model, ids, spec.with_method(with_norm_precision(spec.method, config.norm_precision)), steps
     )
 
 

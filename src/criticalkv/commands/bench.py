@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, cache_options
+from criticalkv.commands.cache_options import FLAGS, add_cache_arguments, spec_from_args
 from criticalkv.commands.common import add_model_arguments, budgets_arg, ints_arg, methods_arg, require_extra
 from criticalkv.commands.inputs import add_head_scores_argument, check_head_scores, output_folder
-from criticalkv.defaults import DEFAULT_INTERVAL
+from criticalkv.defaults import DEFAULT_METHOD
 
 NAME = "bench"
 #: how the library's messages name this command's options
@@ -112,19 +112,20 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     """The benchmark's configuration, every input checked before the model loads."""
     from criticalkv.bench.runner import BenchConfig
 
-    options = cache_options(args)
-    if options["decode_interval"] is None:
-        options["decode_interval"] = DEFAULT_INTERVAL
+    # the cache flags, parsed once: every row takes this spec's window, decode budget and storage with
+    # its own method and budget (placeholders here, so that a row's error names --methods or --budgets)
+    spec = spec_from_args(args, DEFAULT_METHOD, 1.0, args.window)
     return BenchConfig(
         context_lengths=args.context_lengths,
         methods=args.methods,
         budgets=args.budgets,
         batch_sizes=args.batch_sizes,
         decode_tokens=args.decode_tokens,
-        window=args.window,
+        window=spec.window,
         kvpress=args.kvpress,
         repeats=args.repeats,
         norm_precision=args.norm_precision,
         head_scores=check_head_scores(args.head_scores),
-        **options,
+        decode=spec.decode,
+        storage=spec.storage,
     )

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 import criticalkv as ckv
-from criticalkv.bench.config import BenchConfig
+from criticalkv.bench.record import storage_fields
 from criticalkv.cache.quantized import DEFAULT_GROUP_SIZES, KVQuantization, default_group_size, quantization_for
 from criticalkv.cli import build_parser
 from criticalkv.eval.sweep import SweepConfig
@@ -59,11 +59,12 @@ def test_help_says_the_real_defaults(command: str) -> None:
     assert "zero point (default 32 at 8 bits, 64 at 4 bits)" in text
 
 
-def test_bench_storage_resolves_the_default() -> None:
-    common: dict[str, object] = dict(context_lengths=[96], methods=["snapkv"], budgets=[0.5], window=8, kvpress="off")
-    assert BenchConfig(kv_bits=8, **common).storage == (8, 32, None)  # type: ignore[arg-type]
-    assert BenchConfig(kv_bits=4, **common).storage == (4, 64, None)  # type: ignore[arg-type]
-    assert BenchConfig(kv_bits=8, kv_group_size=16, **common).storage == (8, 16, None)  # type: ignore[arg-type]
+def test_bench_records_the_group_in_effect() -> None:
+    """Bench records spell the storage with its group size resolved (and every field ``None`` unquantized)."""
+    assert storage_fields(KVQuantization(8)) == {"kv_bits": 8, "kv_group_size": 32, "kv_residual": None}
+    assert storage_fields(KVQuantization(4, residual=4)) == {"kv_bits": 4, "kv_group_size": 64, "kv_residual": 4}
+    assert storage_fields(KVQuantization(8, 16))["kv_group_size"] == 16
+    assert storage_fields(None) == {"kv_bits": None, "kv_group_size": None, "kv_residual": None}
 
 
 def test_sweep_identity_records_the_group_in_effect(tmp_path: Path) -> None:
