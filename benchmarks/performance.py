@@ -26,8 +26,8 @@ import torch
 from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.figure import plot
 from criticalkv.bench.kvpress_impl import import_kvpress
-from criticalkv.bench.report import format_table
 from criticalkv.bench.runner import load_records
+from criticalkv.bench.tables import format_table
 from criticalkv.methods import available_methods
 from criticalkv.models import load_model
 

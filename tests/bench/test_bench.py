@@ -12,8 +12,8 @@ from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.figure import plot
 from criticalkv.bench.kvpress_impl import import_kvpress, measure_kvpress
 from criticalkv.bench.prompt import bench_prompts
-from criticalkv.bench.report import CRITICAL_EXTRA, caveats, derived, format_table
 from criticalkv.bench.runner import load_records
+from criticalkv.bench.tables import CRITICAL_EXTRA, caveats, derived, format_table
 from criticalkv.cli import main
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer

@@ -10,8 +10,8 @@ import pytest
 from transformers import PreTrainedModel
 
 from criticalkv.bench import BenchConfig, run_bench
-from criticalkv.bench.report import format_table
 from criticalkv.bench.runner import load_records, record_key
+from criticalkv.bench.tables import format_table
 from criticalkv.cache import DecodeBudget
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main

@@ -13,11 +13,12 @@ from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.kvpress_quantized import quanto_unavailable
 from criticalkv.bench.plan import plan_runs
 from criticalkv.bench.record import BenchRecord
-from criticalkv.bench.report import derived, format_table
 from criticalkv.bench.runner import record_key
+from criticalkv.bench.tables import derived, format_table
 from criticalkv.cache import DecodeBudget, PromptTooShort
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
+from criticalkv.commands.bench import SPELLING
 from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
@@ -93,8 +94,11 @@ def test_config_rejects_bad_storage_input(changes: dict[str, object], message: s
 def test_a_residual_longer_than_a_fraction_budget_is_refused_before_measuring(tiny_llama: PreTrainedModel) -> None:
     """0.25 of 96 tokens is 24 entries per head, shorter than a 40-token exact residual: refused by the
     row's spec (``check_compressible``), where it used to fail after the full cache was measured."""
-    with pytest.raises(PromptTooShort, match=r"--budgets 0.25 at --context-lengths 96: .* longer than the budget"):
+    with pytest.raises(PromptTooShort) as refused:
         _config(storage=KVQuantization(4, 8, 40), budgets=[0.25])
+    said = refused.value.spelled(SPELLING)  # as the command line says it: every option as its flag
+    assert said.startswith("--budgets 0.25 at --context-lengths 96: the prompt has 96 tokens: ")
+    assert "longer than the budget" in said and "pass --kv-residual <= 24 or a larger --budgets" in said
 
 
 def test_group_size_must_divide_the_models_head_dimension(tiny_llama: PreTrainedModel) -> None:

@@ -14,7 +14,7 @@ from criticalkv.bench import BenchConfig, run_bench
 from criticalkv.bench.kvpress_impl import import_kvpress
 from criticalkv.bench.kvpress_quantized import pair_unavailable, quanto_unavailable
 from criticalkv.bench.record import BenchRecord
-from criticalkv.bench.report import derived, format_table
+from criticalkv.bench.tables import derived, format_table
 from criticalkv.cache import DecodeBudget
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main

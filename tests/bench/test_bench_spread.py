@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 import criticalkv.bench.runner as runner
 from criticalkv.bench import BenchConfig, run_bench
-from criticalkv.bench.report import SPREAD, derived, format_table, speedup_rounds
+from criticalkv.bench.tables import SPREAD, derived, format_table, speedup_rounds
 from criticalkv.cli import build_parser
 from tests.helpers.tiny_tokenizer import char_tokenizer
 

@@ -7,7 +7,7 @@ import pytest
 from transformers import PreTrainedModel
 
 from criticalkv.bench import BenchConfig, run_bench
-from criticalkv.bench.report import derived, format_table, token_match
+from criticalkv.bench.tables import derived, format_table, token_match
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
 

@@ -18,8 +18,10 @@ from transformers import LlamaConfig
 import criticalkv as ckv
 from criticalkv.bench.runner import BenchConfig, load_records, run_bench
 from criticalkv.cli import main
+from criticalkv.commands.bench import SPELLING
 from criticalkv.eval import demo as demo_module
 from criticalkv.eval.sweep import SweepConfig, head_scores_fingerprint
+from criticalkv.options import OptionError
 from tests.conftest import make_tiny
 from tests.helpers.synthetic_scores import synthetic_head_scores
 from tests.helpers.tiny_tokenizer import char_tokenizer
@@ -176,7 +178,7 @@ def test_bench_takes_a_token_count_budget() -> None:
 def test_bench_refuses_budgets_that_cannot_run_before_measuring(budgets: list[float], message: str) -> None:
     with pytest.raises(ValueError) as err:
         BenchConfig(context_lengths=[160], methods=["snapkv"], budgets=budgets, window=8, kvpress="off")
-    assert message in str(err.value)
+    assert isinstance(err.value, OptionError) and message in err.value.spelled(SPELLING)
 
 
 def test_bench_command_with_a_token_count(

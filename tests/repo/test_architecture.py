@@ -222,15 +222,10 @@ PARALLEL_NAMES: dict[str, tuple[set[str], str]] = {
 }
 #: shared file names of two concepts, in rooms another change edits now or with a public documented path:
 #: to be renamed (docs/changelog.md, 2026-12-06, names a recommendation for each)
-RENAME_PENDING: dict[str, tuple[set[str], str]] = {
-    "report.py": ({"commands.report", "bench.report"}, "the report command vs the bench's tables: -> bench/tables.py"),
-}
 
 
 def test_modules_share_a_file_name_only_for_a_parallel_concept() -> None:
-    allowed = {
-        name: {f"criticalkv.{m}" for m in modules} for name, (modules, _) in (PARALLEL_NAMES | RENAME_PENDING).items()
-    }
+    allowed = {name: {f"criticalkv.{m}" for m in modules} for name, (modules, _) in PARALLEL_NAMES.items()}
     shared = shared_file_names(PACKAGE, allowed)
     assert not shared, report(
         "modules of src/criticalkv share a file name",

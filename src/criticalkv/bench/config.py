@@ -85,12 +85,16 @@ class BenchConfig:
             try:
                 full.check_compressible(length, "context")
             except PromptTooShort as err:
-                raise PromptTooShort(f"--context-lengths {length}: {err}") from None
+                raise PromptTooShort(
+                    "<context_lengths> {length}: " + err.template, length=length, **err.values
+                ) from None
             for row in rows:
                 try:
                     row.check_compressible(length)
                 except PromptTooShort as err:
-                    raise PromptTooShort(f"--budgets {row.budget} at --context-lengths {length}: {err}") from None
+                    where = "<budget> {row_budget} at <context_lengths> {length}: "
+                    values = {"row_budget": row.budget, "length": length, **err.values}
+                    raise PromptTooShort(where + err.template, **values) from None
 
     def check_model(self, model: Any) -> None:
         """The model takes the longest run, every method binds to it (head scores found and fitting)

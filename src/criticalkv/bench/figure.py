@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from criticalkv.bench.report import COMPRESS_SHARE, CRITICAL_EXTRA, derived, method_label
+from criticalkv.bench.tables import COMPRESS_SHARE, CRITICAL_EXTRA, derived, method_label
 from criticalkv.plotting import method_style, pyplot
 from criticalkv.runs import write_atomically
 
@@ -85,7 +85,7 @@ def _share_panel(ax: Any, rows: list[dict[str, Any]], shown: float) -> None:
 def plot(records: Sequence[dict[str, Any]], path: Path, title: str, caveats: Sequence[str] = ()) -> Path:
     """Decode ms/token per (impl, method) at batch 1 and the first budget (against context length,
     or bars where there is one), and bars of compression time as a share of the prefill; under the
-    panels, the definitions the table uses and ``caveats`` (see :func:`~criticalkv.bench.report.caveats`)."""
+    panels, the definitions the table uses and ``caveats`` (see :func:`~criticalkv.bench.tables.caveats`)."""
     plt = pyplot()
     rows = [r for r in derived(records) if r["batch_size"] == min(x["batch_size"] for x in records)]
     budgets = sorted({r["budget"] for r in rows if r["method"] != "full"})

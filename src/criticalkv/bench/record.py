@@ -40,7 +40,7 @@ class BenchRecord:
     kvpress, over every entry its cache holds, masked ones included; ``None`` for the full
     cache). ``press`` names kvpress's press (``None`` for criticalkv's rows). ``greedy_tokens``:
     each row's greedy tokens, the one after the prompt then every decode step's (warm-up included),
-    to compare with the full cache's (:func:`criticalkv.bench.report.derived`). ``decode_ms_rounds``:
+    to compare with the full cache's (:func:`criticalkv.bench.tables.derived`). ``decode_ms_rounds``:
     each repeat's decode ms/token, in round order (the runs of one length and batch are interleaved,
     so round ``i`` of two records was measured at about the same time: their ratios pair by round);
     ``compress_s_rounds`` and ``prefill_s_rounds`` the same for the compression and the prefill.

@@ -145,22 +145,27 @@ class CacheSpec:
         observation window, a budget that cannot hold the window (or asks for more tokens than there
         are), or an explicit exact residual longer than each head's budget. The one check every
         entry point (``generate``, the server, lm-eval, the bench) runs before any work."""
+        values = {"what": what, "tokens": tokens}
         if tokens < self.window:
             raise PromptTooShort(
-                f"the {what} has {tokens} tokens, fewer than the observation window ({self.window}); "
-                f"use a longer {what} or a smaller window"
+                "the {what} has {tokens} tokens, fewer than the observation window ({window}); "
+                "use a longer {what} or a smaller <window>",
+                window=self.window,
+                **values,
             )
         if not self.method.compresses:
             return None
         try:
             per_head = int(resolve_budget(self.budget, torch.tensor([tokens]), self.window)[0])
         except ValueError as error:
-            raise PromptTooShort(f"the {what} has {tokens} tokens: {error}") from None
+            raise PromptTooShort("the {what} has {tokens} tokens: {why}", why=str(error), **values) from None
         if self.storage is not None:
             try:
                 self.storage.check_budget(per_head)
             except OptionError as error:
-                raise PromptTooShort(f"the {what} has {tokens} tokens: {error}") from None
+                raise PromptTooShort(
+                    "the {what} has {tokens} tokens: " + error.template, **values, **error.values
+                ) from None
         return per_head
 
     def compressible(self, tokens: int) -> bool:
@@ -224,8 +229,9 @@ class CacheSpec:
         return cls.of(**given, config=config)
 
 
-class PromptTooShort(ValueError):
-    """A prompt a :class:`CacheSpec` cannot compress (see :meth:`CacheSpec.check_compressible`)."""
+class PromptTooShort(OptionError):
+    """A prompt a :class:`CacheSpec` cannot compress (see :meth:`CacheSpec.check_compressible`); an
+    :class:`~criticalkv.options.OptionError`, so a command spells the options it names as its flags."""
 
 
 def bind_spec(spec: CacheSpec, model: Any, head_scores: HeadScoresArg = None) -> CacheSpec:

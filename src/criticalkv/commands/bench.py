@@ -15,7 +15,7 @@ from criticalkv.defaults import DEFAULT_METHOD
 
 NAME = "bench"
 #: how the library's messages name this command's options
-SPELLING = {**FLAGS, "method": "--methods", "budget": "--budgets"}
+SPELLING = {**FLAGS, "method": "--methods", "budget": "--budgets", "context_lengths": "--context-lengths"}
 if TYPE_CHECKING:
     from criticalkv.bench.runner import BenchConfig
 
@@ -63,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from criticalkv.bench.figure import plot
     from criticalkv.bench.kvpress_impl import import_kvpress
-    from criticalkv.bench.report import caveats, format_table
     from criticalkv.bench.runner import load_records, run_bench
+    from criticalkv.bench.tables import caveats, format_table
     from criticalkv.models import load_model
     from criticalkv.plotting import require_matplotlib
     from criticalkv.runs import write_text_atomically

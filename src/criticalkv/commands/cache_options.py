@@ -69,20 +69,6 @@ def add_cache_arguments(p: argparse.ArgumentParser, *, decode: bool = True) -> N
     )
 
 
-def cache_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The storage and decode keywords as given (``kv_bits`` ``None`` for 16; ``None``: not given),
-    refusing a group size, residual or interval without what it modifies."""
-    bits = None if args.kv_bits == 16 else args.kv_bits
-    if bits is None and (args.kv_group_size is not None or args.kv_residual is not None):
-        raise UsageError("--kv-group-size and --kv-residual set how --kv-bits quantizes: give --kv-bits 8 or 4 too")
-    options = {"kv_bits": bits, "kv_group_size": args.kv_group_size, "kv_residual": args.kv_residual}
-    if hasattr(args, "decode_budget"):
-        if args.decode_budget is None and args.decode_interval is not None:
-            raise UsageError("--decode-interval re-selects under a decode budget: give --decode-budget too")
-        options.update(decode_budget=args.decode_budget, decode_interval=args.decode_interval)
-    return options
-
-
 def spec_from_args(args: argparse.Namespace, method: Any, budget: Any, window: int, *, config: Any = None) -> CacheSpec:
     """The checked spec of ``method`` at ``budget`` and ``window`` with the cache flags of ``args``
     (``config``: the model's, to check the group size); errors name the flags. A command that sweeps

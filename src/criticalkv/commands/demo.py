@@ -80,7 +80,7 @@ def _load() -> float | None:
 
 def _time_warnings(before: float | None, after: float | None) -> list[str]:
     """The bench's warning for the time columns, where the load was above the cores before or after."""
-    from criticalkv.bench.report import load_caveat
+    from criticalkv.bench.tables import load_caveat
 
     loads = [x for x in (before, after) if x is not None]
     warnings = load_caveat(max(loads), None) if loads else []
