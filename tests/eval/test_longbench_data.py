@@ -37,9 +37,9 @@ def tok() -> Any:
 @pytest.fixture
 def no_jieba(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setitem(sys.modules, "jieba", None)
-    segment._jieba.cache_clear()
+    segment.forget_jieba()
     yield
-    segment._jieba.cache_clear()
+    segment.forget_jieba()
 
 
 def test_every_dataset_has_a_template_a_length_a_metric_and_a_fixture() -> None:

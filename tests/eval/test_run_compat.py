@@ -81,7 +81,7 @@ def test_a_committed_folder_opens_for_resume_and_is_done(run_json: Path, tmp_pat
     assert after["runs"][:-1] == before["runs"] and after["runs"][-1]["config"] == config.to_json()
     done = set(sweep_results.iter_done(out))
     assert len(done) == len(results.splitlines())  # every line has its own key
-    total, initial = runner._progress(config, config.configs(), done)
+    total, initial = runner.progress_counts(config, config.configs(), done)
     assert total == initial == len(config.bench.planned(config.draw) or []) * len(config.configs())  # nothing to run
     assert (out / sweep_results.RESULTS).read_bytes() == results
 

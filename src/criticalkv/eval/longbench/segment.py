@@ -36,6 +36,12 @@ def _jieba() -> ModuleType:
     return module
 
 
+def forget_jieba() -> None:
+    """Forget whether jieba was found, as a fresh process would (after installing it, or in tests
+    that hide it)."""
+    _jieba.cache_clear()
+
+
 def require_jieba() -> None:
     """Raise :class:`MissingJieba` if jieba cannot be imported."""
     _jieba()

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SweepConfig", "run_sweep", "sweep_budgets"]
 
 
-def _progress(
+def progress_counts(
     config: SweepConfig, pairs: list[tuple[str, Budget]], done: Mapping[str, str | None] | set[str]
 ) -> tuple[int | None, int]:
     """(total, already done) result lines, for the progress bar (total unknown if the benchmark
@@ -57,7 +57,7 @@ def run_sweep(config: SweepConfig, model: Any, tokenizer: Any, *, wait: float = 
     with sweep_folder(Path(config.out), config.identity(), config.to_json(), wait) as out:
         done = done_index(out)
         record_unusable(out, config)
-        total, initial = _progress(config, pairs, done)
+        total, initial = progress_counts(config, pairs, done)
         bar = tqdm(total=total, desc="eval", unit="run", initial=initial)
         for length, sample in config.iter_samples(tokenizer):
             pending = pending_pairs(sample, length, pairs, done)
