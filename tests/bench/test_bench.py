@@ -32,14 +32,6 @@ REQUIRED = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bench")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def _config(**changes: object) -> BenchConfig:
     base: dict[str, object] = dict(
         context_lengths=[96, 160],

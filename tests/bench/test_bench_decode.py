@@ -15,7 +15,6 @@ from criticalkv.bench.tables import format_table
 from criticalkv.cache import DecodeBudget
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
-from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
 
@@ -82,14 +81,6 @@ def test_old_records_without_decode_fields_keep_their_key() -> None:
 def test_config_rejects_bad_decode_input(changes: dict[str, object], message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         _config(**changes)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bench-decode")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def test_cli_decode_budget_records(tiny_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:

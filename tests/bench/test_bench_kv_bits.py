@@ -19,7 +19,6 @@ from criticalkv.cache import DecodeBudget, PromptTooShort
 from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from criticalkv.commands.bench import SPELLING
-from tests.conftest import make_tiny
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
 
@@ -150,14 +149,6 @@ def test_the_kvpress_column_never_stays_blank() -> None:
     assert pairs[("criticalkv", "full")] == "-"
     table = format_table(records, ["adakv: kvpress has no DecodingPress counterpart"])
     assert "note: adakv: kvpress has no DecodingPress counterpart" in table.splitlines()
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bench-bits")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def _argv(model: Path | str, *extra: str) -> list[str]:

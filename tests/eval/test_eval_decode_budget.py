@@ -136,14 +136,6 @@ def test_sweep_config_refuses_bad_decode_input(tmp_path: Path) -> None:
         _config(tmp_path / "d", decode_budget=16, decode_interval=0)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def test_eval_command_with_a_decode_budget(
     tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

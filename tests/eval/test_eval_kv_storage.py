@@ -13,8 +13,6 @@ from criticalkv.cache.quantized import KVQuantization
 from criticalkv.cli import main
 from criticalkv.eval import results as sweep_results
 from criticalkv.eval.sweep import SweepConfig
-from tests.conftest import make_tiny
-from tests.helpers.tiny_tokenizer import char_tokenizer
 
 COMMON = {"tasks": ["niah_single_1"], "lengths": [256], "samples": 1, "model": "tiny"}
 
@@ -43,14 +41,6 @@ def test_the_group_in_effect_and_a_given_residual_enter_the_identity(tmp_path: P
 def test_bad_storage_options_are_refused(tmp_path: Path, changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SweepConfig(out=tmp_path / "c", **COMMON, **changes)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model-kv")
-    make_tiny("llama").save_pretrained(folder)  # head_dim 16
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def _argv(tiny_folder: Path, out: Path, *extra: str) -> list[str]:
