@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,22 @@ from tests.helpers.tiny_tokenizer import char_tokenizer
 WINDOW = 8
 BUDGET = 0.4
 MAX_NEW = 12
+
+
+def wait_until(condition: Callable[[], object], seconds: float = 60.0) -> bool:
+    """Poll ``condition`` every 20 ms until it holds or ``seconds`` pass; whether it held. A bounded
+    wait that a slow, loaded machine does not end early."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def idle(engine: Engine) -> bool:
+    """Whether the server holds nothing: no request admitted or decoding, no prompt or context compressing."""
+    return not (engine.active() or engine.admitted() or engine.compressor.pending() or engine.prompts.sessions)
 
 
 def free_socket() -> socket.socket:

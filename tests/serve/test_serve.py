@@ -30,6 +30,7 @@ from tests.helpers.serve_helpers import (
     live_server,
     metric,
     server_config,
+    wait_until,
 )
 from tests.helpers.tiny_tokenizer import char_tokenizer
 
@@ -229,11 +230,7 @@ def test_a_client_that_disconnects_frees_its_row(server) -> None:
     with httpx.stream("POST", url + "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         next(response.iter_lines())  # the first event, then hang up
-    for _ in range(500):  # bounded wait for the worker to drop the session
-        if engine.active() == 0 and engine.admitted() == 0:
-            break
-        time.sleep(0.02)
-    assert engine.active() == 0 and engine.admitted() == 0
+    assert wait_until(lambda: engine.active() == 0 and engine.admitted() == 0)  # the worker dropped the session
 
 
 def test_api_key(server) -> None:

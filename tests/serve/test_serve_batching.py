@@ -14,7 +14,15 @@ from criticalkv import attach
 from criticalkv.serve import Engine
 from criticalkv.serve import engine as engine_module
 from tests.conftest import make_tiny
-from tests.helpers.serve_helpers import MAX_NEW, check_row_memory, document, live_server, metric, server_config
+from tests.helpers.serve_helpers import (
+    MAX_NEW,
+    check_row_memory,
+    document,
+    live_server,
+    metric,
+    server_config,
+    wait_until,
+)
 from tests.helpers.tiny_tokenizer import char_tokenizer
 from tests.serve.test_serve import QUESTIONS, ask, create, expected
 
@@ -79,11 +87,7 @@ def test_requests_that_arrive_together_decode_together(server: tuple[str, Engine
         if rows_max >= 2:
             break
     assert rows_max >= 2  # several answers shared a decode step
-    for _ in range(500):  # bounded wait for the worker to drop the client that left
-        if engine.active() == 0 and engine.admitted() == 0:
-            break
-        time.sleep(0.02)
-    assert engine.active() == 0 and engine.admitted() == 0
+    assert wait_until(lambda: engine.active() == 0 and engine.admitted() == 0)  # the client that left is dropped
 
 
 def test_answers_that_arrive_together_start_in_one_forward(server: tuple[str, Engine], reference: object) -> None:

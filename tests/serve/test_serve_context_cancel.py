@@ -14,7 +14,7 @@ import httpx
 
 from criticalkv.serve import Engine
 from criticalkv.serve.cancel import requested
-from tests.helpers.serve_helpers import document, live_server, server_config
+from tests.helpers.serve_helpers import document, idle, live_server, server_config, wait_until
 
 COMPRESSOR = "criticalkv-compressor"
 LAYERS = 3  # the tiny model's decoder layers
@@ -53,13 +53,6 @@ class Gate:
         self.handle.remove()
 
 
-def _settle(engine: Engine) -> None:
-    """Until the compression thread and the admissions are idle (60 s at most)."""
-    deadline = time.monotonic() + 60
-    while (engine.compressor.pending() or engine.admitted()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def _post_then_hang_up(url: str, text: str, entered: threading.Event) -> None:
     """A real client: POST the document on a socket, and close it once the compression has started."""
     host, port = url.removeprefix("http://").split(":")
@@ -78,7 +71,7 @@ def test_a_client_that_hangs_up_cancels_its_blocking_compression(tmp_path: Path)
         first, last = Gate(engine, layer=0), Gate(engine, layer=LAYERS - 1, hold=0)  # last: counts only
         try:
             _post_then_hang_up(url, document(7), first.entered)
-            _settle(engine)
+            wait_until(lambda: idle(engine))
         finally:
             first.remove()
             last.remove()
@@ -109,7 +102,7 @@ def test_a_compressing_context_shows_the_layers_done(tmp_path: Path) -> None:
             gate.remove()
         assert first["layers_done"] == 0 and first["layers_total"] == LAYERS
         assert held["status"] == "compressing" and held["layers_done"] == 1 and held["layers_total"] == LAYERS
-        _settle(engine)
+        wait_until(lambda: idle(engine))
         ready = httpx.get(f"{url}/v1/contexts/{context_id}", timeout=10).json()
         assert ready["status"] == "ready" and "layers_done" not in ready
 
@@ -126,5 +119,5 @@ def test_a_reconstruction_pass_counts_twice_the_layers(tmp_path: Path) -> None:
             gate.remove()
         assert held["status"] == "compressing", held
         assert held["layers_done"] == LAYERS and held["layers_total"] == 2 * LAYERS
-        _settle(engine)
+        wait_until(lambda: idle(engine))
         assert httpx.get(f"{url}/v1/contexts/{context_id}", timeout=10).json()["status"] == "ready"

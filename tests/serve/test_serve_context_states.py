@@ -15,19 +15,11 @@ import pytest
 from safetensors import SafetensorError
 
 from criticalkv import CompressedCache, attach
-from criticalkv.serve import Engine
 from tests.conftest import make_tiny
 from tests.helpers.lmeval_tasks import chat_tokenizer
-from tests.helpers.serve_helpers import document, live_server, metric, server_config
+from tests.helpers.serve_helpers import document, idle, live_server, metric, server_config, wait_until
 from tests.serve.test_serve import create, error_of
 from tests.serve.test_serve_context_cancel import Gate
-
-
-def settle(engine: Engine) -> None:
-    """Until the compression thread and the admissions are idle (60 s at most)."""
-    deadline = time.monotonic() + 60
-    while (engine.compressor.pending() or engine.admitted()) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def chat(url: str, context_id: str, **extra: Any) -> httpx.Response:
@@ -51,7 +43,7 @@ def test_every_route_answers_a_context_in_each_state(tmp_path: Path) -> None:
             assert deleted.status_code == 200 and deleted.json()["deleted"] is True
         finally:
             gate.remove()
-        settle(engine)
+        wait_until(lambda: idle(engine))
         assert httpx.get(url + "/v1/contexts").json()["data"] == []
         assert error_of(httpx.get(f"{url}/v1/contexts/{context_id}"), 404)["code"] == "not_found"
         assert error_of(chat(url, context_id), 404)["code"] == "not_found"
@@ -69,7 +61,7 @@ def test_a_failed_background_context_is_a_409_naming_the_failure(
         monkeypatch.setattr(CompressedCache, "save", no_room)
         started = httpx.post(url + "/v1/contexts", json={"text": document(9), "wait": False}, timeout=10)
         context_id = started.json()["id"]
-        settle(engine)
+        wait_until(lambda: idle(engine))
         failed = httpx.get(f"{url}/v1/contexts/{context_id}").json()
         assert failed["status"] == "failed" and "disk is full" in failed["error"]
         error = error_of(chat(url, context_id), 409)
@@ -175,8 +167,12 @@ def test_one_access_line_per_request(tmp_path: Path, caplog: pytest.LogCaptureFi
         chat(url, info["id"], max_tokens=3, stream=True)
         httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": document(7, 40), "max_tokens": 2})
         httpx.get(url + "/health")
-        time.sleep(0.2)  # the streamed answer's line follows its last chunk
-    lines = [r.getMessage() for r in caplog.records if r.name == "criticalkv.serve.access"]
+
+        def access_lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "criticalkv.serve.access"]
+
+        wait_until(lambda: len(access_lines()) >= 5)  # a line is written after its answer's last byte
+    lines = access_lines()
     assert len(lines) == 5, lines
     made, asked, streamed, completed, health = lines
     assert made.startswith('"POST /v1/contexts" 200') and f"kv_bytes={info['kv_bytes']}" in made

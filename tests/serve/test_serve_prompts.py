@@ -5,7 +5,6 @@ client that hangs up during its prompt's prefill stops it and frees everything."
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,17 @@ from criticalkv.serve import Engine
 from criticalkv.serve.cancel import Cancelled, cancellable, watch_layers
 from criticalkv.serve.row_memory import held_bytes
 from tests.conftest import make_tiny
-from tests.helpers.serve_helpers import BUDGET, MAX_NEW, WINDOW, document, live_server, metric, server_config
+from tests.helpers.serve_helpers import (
+    BUDGET,
+    MAX_NEW,
+    WINDOW,
+    document,
+    idle,
+    live_server,
+    metric,
+    server_config,
+    wait_until,
+)
 from tests.helpers.tiny_tokenizer import char_tokenizer
 from tests.serve.test_serve import QUESTIONS, ask, client, create, expected, prompt_reply_and_expected
 
@@ -94,13 +103,6 @@ def chat(url: str, content: str, stream: bool = False) -> str:
     return "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
 
 
-def settle(engine: Engine) -> None:
-    for _ in range(500):  # bounded wait for the worker to let go of every request
-        if engine.active() == 0 and engine.admitted() == 0 and not engine.prompts.sessions:
-            return
-        time.sleep(0.02)
-
-
 def test_a_prompt_being_compressed_does_not_stall_the_rows(server: tuple[str, Engine], reference: Any) -> None:
     """Held in the middle of its prefill (before layer 1, on the compression thread), a long
     prompt lets a streaming answer on a stored context decode to its end; both answers equal
@@ -125,7 +127,7 @@ def test_a_prompt_being_compressed_does_not_stall_the_rows(server: tuple[str, En
         gate.remove()
         prompter.join(timeout=120)
     assert answers["prompt"] == prompt_expected(reference, content)
-    settle(engine)
+    wait_until(lambda: idle(engine))
     assert engine.active() == 0 and engine.admitted() == 0
 
 
@@ -150,13 +152,9 @@ def test_a_client_gone_during_its_prompts_prefill_stops_it(server: tuple[str, En
             )
             session = engine.prompts.sessions[0]
             assert held_bytes([session], reserved=True) == session.reserve > 0  # counted against the cap
-        for _ in range(500):  # bounded wait for the server to see the disconnect
-            if session.cancelled():
-                break
-            time.sleep(0.02)
-        assert session.cancelled()
+        assert wait_until(session.cancelled)  # the server saw the disconnect
         first.open()
-        settle(engine)
+        wait_until(lambda: idle(engine))
     finally:
         first.remove()
         last.remove()
@@ -206,7 +204,7 @@ def test_prompts_and_stored_contexts_together_answer_as_alone(server: tuple[str,
     for thread in threads:
         thread.join(timeout=120)
     assert [answers.get(n) for n in range(4)] == want
-    settle(engine)
+    wait_until(lambda: idle(engine))
     assert engine.active() == 0 and engine.admitted() == 0
 
 
