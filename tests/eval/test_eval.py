@@ -206,7 +206,7 @@ def test_stacked_rows_equal_single_caches(tiny) -> None:  # type: ignore[no-unty
     ids, mask = padded_batch([80], seed=5)
     states, _ = prefill(tiny, ids, mask, window=6)
     configs = [("full", 1.0), ("snapkv", 0.3), ("critical-adakv", 0.3), ("adakv", 20)]
-    stacked, times = stacked_cache(states, [(ckv.get_method(m), b) for m, b in configs])
+    stacked, times = stacked_cache(states, [ckv.CacheSpec.of(m, b, 6) for m, b in configs])
     assert len(times) == 4
     nxt = torch.tensor([[9]])
     m2 = torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1)

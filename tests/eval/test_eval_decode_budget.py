@@ -42,7 +42,7 @@ def test_decode_budget_cache_from_states_decodes_like_a_cache_that_prefilled(tin
     ids, mask = padded_batch([70], seed=3)
     states, _ = prefill(tiny, ids, mask, window=WINDOW)
     bound = ckv.methods.bind(ckv.get_method(method), tiny)
-    from_states, _ = decode_budget_cache(states, bound, 30, ckv.DecodeBudget(16, 5))
+    from_states, _ = decode_budget_cache(states, ckv.CacheSpec(bound, 30, WINDOW, ckv.DecodeBudget(16, 5)))
     own = ckv.CompressedCache.for_model(tiny, method, 30, window=WINDOW, decode_budget=16, decode_interval=5)
     prefill_into(tiny, own, ids, mask)
     assert from_states.kv_bytes() == own.kv_bytes()
@@ -58,14 +58,14 @@ def test_stepwise_teacher_forcing_sees_what_generation_sees(tiny) -> None:  # ty
     one-forward teacher forcing does not (the decode budget would not apply within the answer)."""
     ids, mask = padded_batch([70], seed=4)
     states, last = prefill(tiny, ids, mask, window=WINDOW)
-    bound = ckv.get_method("snapkv")
-    gen_cache, _ = decode_budget_cache(states, bound, 30, ckv.DecodeBudget(12, 3))
+    spec = ckv.CacheSpec.of("snapkv", 30, WINDOW, decode_budget=12, decode_interval=3)
+    gen_cache, _ = decode_budget_cache(states, spec)
     first = int(last.argmax(-1))
     fed, gen = _greedy(tiny, gen_cache, mask, first, 20)
     answer = [first, *fed[1:]]
     scored = {}
     for stepwise in (True, False):
-        cache, _ = decode_budget_cache(states, bound, 30, ckv.DecodeBudget(12, 3))
+        cache, _ = decode_budget_cache(states, spec)
         n = len(answer)
         scored[stepwise] = teacher_forced_logprobs(tiny, cache, mask, answer, n, last, one_token_steps=stepwise)
     # position i of teacher forcing predicts answer[i]; generation's step i predicts the token after fed[i]

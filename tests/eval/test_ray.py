@@ -301,7 +301,7 @@ def test_compressed_cache_lives_on_each_layers_key_device(folder: Path) -> None:
     ids, mask = padded_batch([60], seed=1)
     states, _ = prefill(model, ids, mask, window=6)
     configs = [("full", 1.0), ("critical-adakv", 0.3), ("snapkv", 0.5)]
-    cache, _ = stacked_cache(states, [(ckv.get_method(m), b) for m, b in configs])
+    cache, _ = stacked_cache(states, [ckv.CacheSpec.of(m, b, 6) for m, b in configs])
     single = ckv.CompressedCache.from_states(states, "critical-adakv", 0.3)
     for compressed in (cache, single):
         rows = compressed.compressed_layers[0].batch_size

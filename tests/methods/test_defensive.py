@@ -445,8 +445,8 @@ def test_caches_compress_layer_defensivekv_alike_and_exactly() -> None:
     for row, n in enumerate([52, 41]):
         one, one_mask = ids[row : row + 1, -n:], mask[row : row + 1, -n:]
         row_states, _ = ckv.prefill(model, one, one_mask, window=5)
-        configs = [(ckv.get_method("full"), 1.0), (ckv.get_method("layer-defensivekv"), 0.3)]
-        stacked, _ = stacked_cache(row_states, configs)
+        specs = [ckv.CacheSpec.of("full", 1.0, 5), ckv.CacheSpec.of("layer-defensivekv", 0.3, 5)]
+        stacked, _ = stacked_cache(row_states, specs)
         alone = ckv.CompressedCache.from_states(row_states, "layer-defensivekv", 0.3)
         for keep, ref in zip(stacked.keep_masks(), alone.keep_masks(), strict=True):
             assert torch.equal(keep[1], ref[0])

@@ -69,26 +69,23 @@ def decode_configs(
     """The outcome of every row's spec (its method bound), in order. The rows share one storage;
     ``held``: the sweep holds its compressed rows at a decode budget (each row then decodes in a
     cache of its own, the full cache's too, and records its peak)."""
-    storage = specs[0].storage
-    if any(spec.storage != storage for spec in specs):
-        raise ValueError("the rows of one sample share one storage (the sweep's)")
     if not held:
-        cache, times = stacked_cache(states, [(spec.method, spec.budget) for spec in specs], storage=storage)
+        cache, times = stacked_cache(states, specs)
         return _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=False, stepwise=False)
     outcomes: list[RowOutcome] = []
     for spec in specs:
         if spec.decode is not None:
-            cache, seconds = decode_budget_cache(states, spec.method, spec.budget, spec.decode, storage)
+            cache, seconds = decode_budget_cache(states, spec)
             times = [seconds]
         else:  # the full cache, the reference: it keeps every entry
-            cache, times = stacked_cache(states, [(spec.method, spec.budget)], storage=storage)
+            cache, times = stacked_cache(states, [spec])
         outcomes += _decode(model, tokenizer, eos, pad_id, cache, after, times, peak=True, stepwise=True)
     return outcomes
 
 
 def reference_logprobs(model: Any, states: Sequence[LayerState], after: Continuation, full: Method) -> torch.Tensor:
     """The gold answer's teacher-forced log-probs on the unquantized full cache, (answer_len, V)."""
-    cache, _ = stacked_cache(states, [(full, 1.0)])
+    cache, _ = stacked_cache(states, [CacheSpec(full, 1.0, states[0].window)])
     first_logits = after.last_logits if after.aware else None
     return teacher_forced_logprobs(model, cache, after.mask, after.suffix, after.answer_len, first_logits)[0]
 
