@@ -77,15 +77,15 @@ def _metric(text: str, name: str) -> float:
     return float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M).group(1))  # type: ignore[union-attr]
 
 
-def _scrape(base: str) -> tuple[float, float, float, int]:
-    """(running requests, tokens generated since the server started, KV cache usage, blocks in vLLM's
-    pool with its null block) from vLLM's /metrics: one engine step's numbers (vLLM records them
-    together). The usage is of the blocks but the null one: ``usage * (blocks - 1)`` blocks are held."""
+def _scrape(base: str) -> tuple[float, float, float]:
+    """(running requests, tokens generated since the server started, blocks held) from vLLM's
+    /metrics: one engine step's numbers (vLLM records them together). vLLM's usage is of its pool
+    but the null block, so ``usage * (num_gpu_blocks - 1)`` blocks are held."""
     text = httpx.get(f"{base}/metrics", timeout=60).text
     blocks = int(re.search(r'num_gpu_blocks="(\d+)"', text).group(1))  # type: ignore[union-attr]
     names = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc")
     running, generated, usage = (_metric(text, name) for name in names)
-    return running, generated, usage, blocks
+    return running, generated, usage * (blocks - 1)
 
 
 def test_a_decoding_request_holds_only_its_kept_blocks(server: Any) -> None:
@@ -99,16 +99,16 @@ def test_a_decoding_request_holds_only_its_kept_blocks(server: Any) -> None:
     client, _, _ = server
     base = str(client.base_url).removesuffix("/v1/")
     ids = list(range(1000, 1800))  # 800 tokens: blocks of 128; kept 160 entries, so 5 blocks freed
-    _, before, _, _ = _scrape(base)
+    _, before, _ = _scrape(base)
     stream = client.completions.create(
         model="smollm2", prompt=ids, max_tokens=1000, temperature=0, stream=True, extra_body={"ignore_eos": True}
     )
     samples: list[tuple[float, float]] = []
     with stream:
         for _chunk in stream:
-            running, generated, usage, blocks = _scrape(base)
+            running, generated, held = _scrape(base)
             if running == 1 and generated - before >= 2:  # past its first decoding step, which frees
-                samples.append((generated - before, usage * (blocks - 1)))
+                samples.append((generated - before, held))
             if len(samples) == 5:
                 break
     assert len(samples) == 5, "the request ended before five samples"
